@@ -1,0 +1,480 @@
+//! The symbolic verifier: runs every rank's schedule in memory and proves
+//! that each rank ends with exactly the right contributions.
+//!
+//! Every element is a symbol `(index, set of ranks)`: rank r's input element
+//! i starts as `(i, {r})`. Receiving copies symbols; reducing two symbols
+//! requires the same index and disjoint rank sets (no contribution counted
+//! twice) and yields their union. The simulation follows the executor's rules
+//! (dependencies, per-peer message order, a message moves only when both
+//! sides have reached it: no buffering is assumed, so a schedule that passes
+//! cannot deadlock on any transport). It reports unmatched sends, length
+//! mismatches, reads of data never written, deadlocks, and wrong results.
+
+use super::{Algorithm, Buf, Collective, Loc, Problem, Schedule, Step};
+use std::collections::VecDeque;
+use std::fmt;
+
+/// The content of one element: which input index it derives from and which
+/// ranks' contributions it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sym {
+    /// Index of the element in the contributing ranks' inputs.
+    pub idx: usize,
+    /// Contributing ranks, one bit each (so at most 128 ranks).
+    pub ranks: u128,
+}
+
+/// What the verifier found wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifyError(pub String);
+
+impl fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for VerifyError {}
+
+/// What a verified run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Messages sent, all ranks together.
+    pub messages: usize,
+    /// Elements sent by each rank.
+    pub elems_sent: Vec<usize>,
+    /// Rounds of the simulation (a rough critical-path length).
+    pub rounds: usize,
+}
+
+type Mem = Vec<Option<Sym>>;
+
+struct RankState {
+    sched: Schedule,
+    input: Mem,
+    output: Mem,
+    scratch: Mem,
+    in_place: bool,
+    done: Vec<bool>,
+    recv_done: Vec<bool>,
+    /// Step indices of send halves, per destination, in order.
+    sendq: Vec<VecDeque<usize>>,
+    /// Step indices of receive halves, per source, in order.
+    recvq: Vec<VecDeque<usize>>,
+}
+
+impl RankState {
+    fn mem(&mut self, b: Buf) -> &mut Mem {
+        match (b, self.in_place) {
+            (Buf::Input, false) => &mut self.input,
+            (Buf::Input, true) | (Buf::Output, _) => &mut self.output,
+            (Buf::Scratch, _) => &mut self.scratch,
+        }
+    }
+
+    fn read(&mut self, rank: usize, i: usize, l: Loc, len: usize) -> Result<Vec<Sym>, VerifyError> {
+        let m = self.mem(l.buf);
+        if l.off + len > m.len() {
+            return Err(VerifyError(format!(
+                "rank {rank} step {i}: reads {:?}[{}..{}] past its end ({})",
+                l.buf,
+                l.off,
+                l.off + len,
+                m.len()
+            )));
+        }
+        m[l.off..l.off + len]
+            .iter()
+            .enumerate()
+            .map(|(k, x)| {
+                x.ok_or_else(|| {
+                    VerifyError(format!(
+                        "rank {rank} step {i}: reads {:?}[{}], which was never written",
+                        l.buf,
+                        l.off + k
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    fn write(&mut self, rank: usize, i: usize, l: Loc, data: &[Sym]) -> Result<(), VerifyError> {
+        let m = self.mem(l.buf);
+        if l.off + data.len() > m.len() {
+            return Err(VerifyError(format!(
+                "rank {rank} step {i}: writes {:?}[{}..{}] past its end ({})",
+                l.buf,
+                l.off,
+                l.off + data.len(),
+                m.len()
+            )));
+        }
+        for (k, d) in data.iter().enumerate() {
+            m[l.off + k] = Some(*d);
+        }
+        Ok(())
+    }
+
+    fn ready(&self, i: usize) -> bool {
+        self.sched.deps[i].iter().all(|&d| self.done[d as usize])
+    }
+}
+
+fn combine(rank: usize, i: usize, a: &[Sym], b: &[Sym]) -> Result<Vec<Sym>, VerifyError> {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            if x.idx != y.idx {
+                Err(VerifyError(format!(
+                    "rank {rank} step {i}: reduces element {} with element {}",
+                    x.idx, y.idx
+                )))
+            } else if x.ranks & y.ranks != 0 {
+                Err(VerifyError(format!(
+                    "rank {rank} step {i}: counts contributions {:#x} twice at element {}",
+                    x.ranks & y.ranks,
+                    x.idx
+                )))
+            } else {
+                Ok(Sym {
+                    idx: x.idx,
+                    ranks: x.ranks | y.ranks,
+                })
+            }
+        })
+        .collect()
+}
+
+/// Input and Output sizes of `p`, per the conventions of [`Problem`].
+pub fn buffer_sizes(p: &Problem) -> (usize, usize) {
+    let (n, c, r) = (p.nranks, p.count, p.rank);
+    match p.coll {
+        Collective::AllReduce => (c, c),
+        Collective::Broadcast { .. } => (0, c),
+        Collective::Reduce { root } => (c, if r == root { c } else { 0 }),
+        Collective::AllGather => (0, n * c),
+        Collective::ReduceScatter => (n * c, c),
+        Collective::AllToAll => (n * c, n * c),
+        Collective::AllToAllV => {
+            let v = p.vcounts.as_ref().expect("AllToAllV needs vcounts");
+            let ends = |cs: &[usize], ds: &[usize]| {
+                cs.iter().zip(ds).map(|(c, d)| c + d).max().unwrap_or(0)
+            };
+            (
+                ends(&v.send_counts, &v.send_displs),
+                ends(&v.recv_counts, &v.recv_displs),
+            )
+        }
+        Collective::Gather { root } => (c, if r == root { n * c } else { 0 }),
+        Collective::Scatter { root } => (if r == root { n * c } else { 0 }, c),
+        Collective::Barrier => (0, 0),
+        Collective::Send { .. } => (c, 0),
+        Collective::Recv { .. } => (0, c),
+    }
+}
+
+fn initial(p: &Problem) -> (Mem, Mem) {
+    let (ni, no) = buffer_sizes(p);
+    let me = 1u128 << p.rank;
+    let mut input: Mem = (0..ni).map(|i| Some(Sym { idx: i, ranks: me })).collect();
+    let mut output: Mem = vec![None; no];
+    match p.coll {
+        Collective::Broadcast { root } if root == p.rank => {
+            output = (0..no).map(|i| Some(Sym { idx: i, ranks: me })).collect();
+        }
+        Collective::AllGather => {
+            for i in 0..p.count {
+                output[p.rank * p.count + i] = Some(Sym { idx: i, ranks: me });
+            }
+        }
+        Collective::AllReduce if p.in_place => {
+            output = input.clone();
+            input.clear();
+        }
+        _ => {}
+    }
+    (input, output)
+}
+
+fn expected(ps: &[Problem], r: usize) -> Mem {
+    let p = &ps[r];
+    let (n, c) = (p.nranks, p.count);
+    let all = if n == 128 { u128::MAX } else { (1u128 << n) - 1 };
+    let one = |idx, q: usize| Some(Sym { idx, ranks: 1u128 << q });
+    let full = |idx| Some(Sym { idx, ranks: all });
+    match p.coll {
+        Collective::AllReduce => (0..c).map(full).collect(),
+        Collective::Broadcast { root } => (0..c).map(|i| one(i, root)).collect(),
+        Collective::Reduce { root } if r == root => (0..c).map(full).collect(),
+        Collective::AllGather => (0..n * c).map(|j| one(j % c, j / c.max(1))).collect(),
+        Collective::ReduceScatter => (0..c).map(|i| full(r * c + i)).collect(),
+        Collective::AllToAll => (0..n * c).map(|j| one(r * c + j % c, j / c.max(1))).collect(),
+        Collective::AllToAllV => {
+            let v = p.vcounts.as_ref().unwrap();
+            let mut out = vec![None; buffer_sizes(p).1];
+            for q in 0..n {
+                let vq = ps[q].vcounts.as_ref().unwrap();
+                for i in 0..v.recv_counts[q] {
+                    out[v.recv_displs[q] + i] = one(vq.send_displs[r] + i, q);
+                }
+            }
+            out
+        }
+        Collective::Gather { root } if r == root => {
+            (0..n * c).map(|j| one(j % c, j / c.max(1))).collect()
+        }
+        Collective::Scatter { root } => (0..c).map(|i| one(r * c + i, root)).collect(),
+        Collective::Recv { peer } => (0..c).map(|i| one(i, peer)).collect(),
+        _ => vec![None; buffer_sizes(p).1],
+    }
+}
+
+/// Builds every rank's schedule for `problems` (one per rank) with `alg`,
+/// runs them symbolically, and checks every rank's Output.
+///
+/// Returns `Ok(None)` when `alg` does not implement the collective.
+pub fn verify(problems: &[Problem], alg: Algorithm) -> Result<Option<Report>, VerifyError> {
+    let mut scheds = Vec::new();
+    for p in problems {
+        match alg.build(p) {
+            Some(s) => scheds.push(s),
+            None => return Ok(None),
+        }
+    }
+    run(problems, scheds).map(Some)
+}
+
+/// Runs the given schedules (one per rank) symbolically and checks results.
+pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, VerifyError> {
+    let n = problems.len();
+    assert!(n <= 128, "the verifier handles at most 128 ranks");
+    let mut st: Vec<RankState> = Vec::new();
+    for (p, sched) in problems.iter().zip(scheds) {
+        let (input, output) = initial(p);
+        let mut sendq = vec![VecDeque::new(); n];
+        let mut recvq = vec![VecDeque::new(); n];
+        for (i, s) in sched.steps.iter().enumerate() {
+            for q in [s.send_peer(), s.recv_peer()].into_iter().flatten() {
+                if q >= n || q == p.rank {
+                    return Err(VerifyError(format!(
+                        "rank {} step {i}: peer {q} is out of range or itself",
+                        p.rank
+                    )));
+                }
+            }
+            if let Some(q) = s.send_peer() {
+                sendq[q].push_back(i);
+            }
+            if let Some(q) = s.recv_peer() {
+                recvq[q].push_back(i);
+            }
+        }
+        let k = sched.steps.len();
+        st.push(RankState {
+            scratch: vec![None; sched.scratch],
+            sched,
+            input,
+            output,
+            in_place: p.in_place,
+            done: vec![false; k],
+            recv_done: vec![false; k],
+            sendq,
+            recvq,
+        });
+    }
+    let mut report = Report {
+        elems_sent: vec![0; n],
+        ..Report::default()
+    };
+    loop {
+        let mut progress = false;
+        // Local steps.
+        for r in 0..n {
+            for i in 0..st[r].sched.steps.len() {
+                if st[r].done[i] || !st[r].ready(i) {
+                    continue;
+                }
+                let step = st[r].sched.steps[i];
+                match step {
+                    Step::Copy { src, dst, len } => {
+                        let d = st[r].read(r, i, src, len)?;
+                        st[r].write(r, i, dst, &d)?;
+                    }
+                    Step::Reduce { src, dst, len } => {
+                        let a = st[r].read(r, i, dst, len)?;
+                        let b = st[r].read(r, i, src, len)?;
+                        let d = combine(r, i, &a, &b)?;
+                        st[r].write(r, i, dst, &d)?;
+                    }
+                    Step::Fence => {}
+                    _ => continue,
+                }
+                st[r].done[i] = true;
+                progress = true;
+            }
+        }
+        // Messages: a send half at the head of r's queue to q meets the
+        // receive half at the head of q's queue from r.
+        for r in 0..n {
+            for q in 0..n {
+                let Some(&si) = st[r].sendq[q].front() else { continue };
+                let Some(&ri) = st[q].recvq[r].front() else { continue };
+                let sstep = st[r].sched.steps[si];
+                let send_ready = st[r].ready(si)
+                    && match sstep {
+                        Step::Send { .. } => true,
+                        _ => st[r].recv_done[si],
+                    };
+                if !send_ready || !st[q].ready(ri) {
+                    continue;
+                }
+                let (sloc, slen) = match sstep {
+                    Step::Send { src, len, .. } => (src, len),
+                    Step::RecvReduceSend { dst, len, .. } | Step::RecvCopySend { dst, len, .. } => {
+                        (dst, len)
+                    }
+                    _ => unreachable!(),
+                };
+                let rstep = st[q].sched.steps[ri];
+                if rstep.len() != slen {
+                    return Err(VerifyError(format!(
+                        "rank {r} step {si} sends {slen} elements to rank {q}, whose step {ri} expects {}",
+                        rstep.len()
+                    )));
+                }
+                let data = st[r].read(r, si, sloc, slen)?;
+                match rstep {
+                    Step::Recv { dst, .. } | Step::RecvCopySend { dst, .. } => {
+                        st[q].write(q, ri, dst, &data)?
+                    }
+                    Step::RecvReduce { src, dst, len, .. }
+                    | Step::RecvReduceSend { src, dst, len, .. } => {
+                        let a = st[q].read(q, ri, src, len)?;
+                        let d = combine(q, ri, &a, &data)?;
+                        st[q].write(q, ri, dst, &d)?;
+                    }
+                    _ => unreachable!(),
+                }
+                report.messages += 1;
+                report.elems_sent[r] += slen;
+                st[r].sendq[q].pop_front();
+                st[q].recvq[r].pop_front();
+                st[q].recv_done[ri] = true;
+                if rstep.send_peer().is_none() {
+                    st[q].done[ri] = true;
+                }
+                st[r].done[si] = true;
+                progress = true;
+            }
+        }
+        report.rounds += 1;
+        if !progress {
+            break;
+        }
+    }
+    for (r, s) in st.iter().enumerate() {
+        if let Some(i) = s.done.iter().position(|d| !d) {
+            let waiting: Vec<String> = s
+                .sendq
+                .iter()
+                .enumerate()
+                .filter_map(|(q, d)| d.front().map(|i| format!("send step {i} to {q}")))
+                .chain(
+                    s.recvq
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(q, d)| d.front().map(|i| format!("recv step {i} from {q}"))),
+                )
+                .collect();
+            return Err(VerifyError(format!(
+                "deadlock or unmatched message: rank {r} never finishes step {i} ({:?}); pending: {}",
+                s.sched.steps[i],
+                waiting.join(", ")
+            )));
+        }
+    }
+    for (r, s) in st.iter().enumerate() {
+        let want = expected(problems, r);
+        let got = &s.output;
+        if let Some(k) = (0..want.len()).find(|&k| want[k].is_some() && got.get(k) != Some(&want[k])) {
+            return Err(VerifyError(format!(
+                "rank {r}: Output[{k}] is {:?}, expected {:?}",
+                got.get(k).copied().flatten(),
+                want[k]
+            )));
+        }
+    }
+    Ok(report)
+}
+
+/// One [`Problem`] per rank for `coll` on `n` ranks with `count` elements.
+pub fn problems(coll: Collective, n: usize, count: usize, in_place: bool) -> Vec<Problem> {
+    (0..n)
+        .map(|r| {
+            let mut p = Problem::new(coll, n, r, count);
+            p.in_place = in_place;
+            p
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn colls(n: usize) -> Vec<Collective> {
+        let mut v = vec![
+            Collective::AllReduce,
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::AllToAll,
+            Collective::Barrier,
+        ];
+        for root in [0, n / 2, n - 1] {
+            v.push(Collective::Broadcast { root });
+            v.push(Collective::Reduce { root });
+            v.push(Collective::Gather { root });
+            v.push(Collective::Scatter { root });
+        }
+        v
+    }
+
+    #[test]
+    fn ring_and_direct_verify() {
+        for n in 1..=9usize {
+            for count in [0, 1, n.saturating_sub(1), n, n + 1, 13, 64] {
+                for coll in colls(n) {
+                    for alg in [Algorithm::Ring, Algorithm::Direct] {
+                        for in_place in [false, true] {
+                            if in_place && coll != Collective::AllReduce {
+                                continue;
+                            }
+                            let ps = problems(coll, n, count, in_place);
+                            if let Err(e) = verify(&ps, alg) {
+                                panic!("{alg} {coll:?} n={n} count={count} in_place={in_place}: {e}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn catches_a_wrong_schedule() {
+        // Rank 1 forgets to reduce: receives instead.
+        let ps = problems(Collective::AllReduce, 2, 4, false);
+        let mut scheds: Vec<Schedule> = ps.iter().map(|p| Algorithm::Direct.build(p).unwrap()).collect();
+        let p1 = &ps[1];
+        let steps: Vec<Step> = scheds[1]
+            .steps
+            .iter()
+            .map(|s| match *s {
+                Step::Reduce { src, dst, len } => Step::Copy { src, dst, len },
+                s => s,
+            })
+            .collect();
+        scheds[1] = Schedule::new(p1, steps);
+        assert!(run(&ps, scheds).is_err());
+    }
+}
