@@ -26,7 +26,11 @@
 //! so a ring step is one pass over memory and a chain pipelines on its own.
 
 mod direct;
+mod double_tree;
+mod halving_doubling;
+mod pairwise;
 mod ring;
+mod tree;
 pub mod verify;
 
 use crate::error::{Error, Result};
@@ -493,7 +497,10 @@ impl Algorithm {
         let steps = match self {
             Algorithm::Ring => ring::build(p)?,
             Algorithm::Direct => direct::build(p)?,
-            _ => return None,
+            Algorithm::Tree => tree::build(p)?,
+            Algorithm::DoubleTree => double_tree::build(p)?,
+            Algorithm::HalvingDoubling => halving_doubling::build(p)?,
+            Algorithm::Pairwise => pairwise::build(p)?,
         };
         Some(Schedule::new(p, steps))
     }

@@ -8,7 +8,13 @@
 //! (dependencies, per-peer message order, a message moves only when both
 //! sides have reached it: no buffering is assumed, so a schedule that passes
 //! cannot deadlock on any transport). It reports unmatched sends, length
-//! mismatches, reads of data never written, deadlocks, and wrong results.
+//! mismatches, reads of data never written, writes to the (read-only) Input
+//! of an out-of-place op, deadlocks, and wrong results.
+//!
+//! Beside its symbol, every element carries a fingerprint of the order in
+//! which it was reduced (`a op b` and `b op a` differ, as may their bits
+//! for max/min of signed zeros or NaNs). AllReduce results must have the same
+//! fingerprint on every rank: every rank gets bitwise the same floats.
 
 use super::{Algorithm, Buf, Collective, Loc, Problem, Schedule, Step};
 use std::collections::VecDeque;
@@ -47,7 +53,36 @@ pub struct Report {
     pub rounds: usize,
 }
 
-type Mem = Vec<Option<Sym>>;
+/// An element in the simulation: its symbol and the fingerprint of its
+/// reduction order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cell {
+    sym: Sym,
+    shape: u64,
+}
+
+impl Cell {
+    /// Rank `rank`'s input element `idx`.
+    fn leaf(idx: usize, rank: usize) -> Self {
+        Cell {
+            sym: Sym {
+                idx,
+                ranks: 1u128 << rank,
+            },
+            shape: mix(rank as u64 + 1),
+        }
+    }
+}
+
+/// splitmix64's finaliser: a cheap, well-spread hash step.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+type Mem = Vec<Option<Cell>>;
 
 struct RankState {
     sched: Schedule,
@@ -72,7 +107,7 @@ impl RankState {
         }
     }
 
-    fn read(&mut self, rank: usize, i: usize, l: Loc, len: usize) -> Result<Vec<Sym>, VerifyError> {
+    fn read(&mut self, rank: usize, i: usize, l: Loc, len: usize) -> Result<Vec<Cell>, VerifyError> {
         let m = self.mem(l.buf);
         if l.off + len > m.len() {
             return Err(VerifyError(format!(
@@ -98,7 +133,14 @@ impl RankState {
             .collect()
     }
 
-    fn write(&mut self, rank: usize, i: usize, l: Loc, data: &[Sym]) -> Result<(), VerifyError> {
+    fn write(&mut self, rank: usize, i: usize, l: Loc, data: &[Cell]) -> Result<(), VerifyError> {
+        if l.buf == Buf::Input && !self.in_place && !data.is_empty() {
+            return Err(VerifyError(format!(
+                "rank {rank} step {i}: writes Input[{}..{}], the caller's read-only send buffer",
+                l.off,
+                l.off + data.len()
+            )));
+        }
         let m = self.mem(l.buf);
         if l.off + data.len() > m.len() {
             return Err(VerifyError(format!(
@@ -120,10 +162,12 @@ impl RankState {
     }
 }
 
-fn combine(rank: usize, i: usize, a: &[Sym], b: &[Sym]) -> Result<Vec<Sym>, VerifyError> {
+/// `a op b`, element by element (`a` is the local operand).
+fn combine(rank: usize, i: usize, a: &[Cell], b: &[Cell]) -> Result<Vec<Cell>, VerifyError> {
     a.iter()
         .zip(b)
-        .map(|(x, y)| {
+        .map(|(cx, cy)| {
+            let (x, y) = (&cx.sym, &cy.sym);
             if x.idx != y.idx {
                 Err(VerifyError(format!(
                     "rank {rank} step {i}: reduces element {} with element {}",
@@ -136,9 +180,12 @@ fn combine(rank: usize, i: usize, a: &[Sym], b: &[Sym]) -> Result<Vec<Sym>, Veri
                     x.idx
                 )))
             } else {
-                Ok(Sym {
-                    idx: x.idx,
-                    ranks: x.ranks | y.ranks,
+                Ok(Cell {
+                    sym: Sym {
+                        idx: x.idx,
+                        ranks: x.ranks | y.ranks,
+                    },
+                    shape: mix(cx.shape.rotate_left(23) ^ mix(cy.shape)),
                 })
             }
         })
@@ -175,16 +222,16 @@ pub fn buffer_sizes(p: &Problem) -> (usize, usize) {
 
 fn initial(p: &Problem) -> (Mem, Mem) {
     let (ni, no) = buffer_sizes(p);
-    let me = 1u128 << p.rank;
-    let mut input: Mem = (0..ni).map(|i| Some(Sym { idx: i, ranks: me })).collect();
+    let me = |i| Some(Cell::leaf(i, p.rank));
+    let mut input: Mem = (0..ni).map(me).collect();
     let mut output: Mem = vec![None; no];
     match p.coll {
         Collective::Broadcast { root } if root == p.rank => {
-            output = (0..no).map(|i| Some(Sym { idx: i, ranks: me })).collect();
+            output = (0..no).map(me).collect();
         }
         Collective::AllGather => {
             for i in 0..p.count {
-                output[p.rank * p.count + i] = Some(Sym { idx: i, ranks: me });
+                output[p.rank * p.count + i] = me(i);
             }
         }
         Collective::AllReduce if p.in_place => {
@@ -196,7 +243,7 @@ fn initial(p: &Problem) -> (Mem, Mem) {
     (input, output)
 }
 
-fn expected(ps: &[Problem], r: usize) -> Mem {
+fn expected(ps: &[Problem], r: usize) -> Vec<Option<Sym>> {
     let p = &ps[r];
     let (n, c) = (p.nranks, p.count);
     let all = if n == 128 { u128::MAX } else { (1u128 << n) - 1 };
@@ -395,13 +442,24 @@ pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, Verify
     }
     for (r, s) in st.iter().enumerate() {
         let want = expected(problems, r);
-        let got = &s.output;
-        if let Some(k) = (0..want.len()).find(|&k| want[k].is_some() && got.get(k) != Some(&want[k])) {
+        let got = |k: usize| s.output.get(k).copied().flatten().map(|c| c.sym);
+        if let Some(k) = (0..want.len()).find(|&k| want[k].is_some() && got(k) != want[k]) {
             return Err(VerifyError(format!(
                 "rank {r}: Output[{k}] is {:?}, expected {:?}",
-                got.get(k).copied().flatten(),
+                got(k),
                 want[k]
             )));
+        }
+    }
+    if problems.first().map(|p| p.coll) == Some(Collective::AllReduce) {
+        for (r, s) in st.iter().enumerate().skip(1) {
+            let shape = |m: &Mem, k: usize| m[k].map(|c| c.shape);
+            if let Some(k) = (0..s.output.len()).find(|&k| shape(&s.output, k) != shape(&st[0].output, k)) {
+                return Err(VerifyError(format!(
+                    "ranks 0 and {r} reduced Output[{k}] in different orders: \
+                     their results would not be bitwise identical"
+                )));
+            }
         }
     }
     Ok(report)
@@ -419,62 +477,4 @@ pub fn problems(coll: Collective, n: usize, count: usize, in_place: bool) -> Vec
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn colls(n: usize) -> Vec<Collective> {
-        let mut v = vec![
-            Collective::AllReduce,
-            Collective::AllGather,
-            Collective::ReduceScatter,
-            Collective::AllToAll,
-            Collective::Barrier,
-        ];
-        for root in [0, n / 2, n - 1] {
-            v.push(Collective::Broadcast { root });
-            v.push(Collective::Reduce { root });
-            v.push(Collective::Gather { root });
-            v.push(Collective::Scatter { root });
-        }
-        v
-    }
-
-    #[test]
-    fn ring_and_direct_verify() {
-        for n in 1..=9usize {
-            for count in [0, 1, n.saturating_sub(1), n, n + 1, 13, 64] {
-                for coll in colls(n) {
-                    for alg in [Algorithm::Ring, Algorithm::Direct] {
-                        for in_place in [false, true] {
-                            if in_place && coll != Collective::AllReduce {
-                                continue;
-                            }
-                            let ps = problems(coll, n, count, in_place);
-                            if let Err(e) = verify(&ps, alg) {
-                                panic!("{alg} {coll:?} n={n} count={count} in_place={in_place}: {e}");
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn catches_a_wrong_schedule() {
-        // Rank 1 forgets to reduce: receives instead.
-        let ps = problems(Collective::AllReduce, 2, 4, false);
-        let mut scheds: Vec<Schedule> = ps.iter().map(|p| Algorithm::Direct.build(p).unwrap()).collect();
-        let p1 = &ps[1];
-        let steps: Vec<Step> = scheds[1]
-            .steps
-            .iter()
-            .map(|s| match *s {
-                Step::Reduce { src, dst, len } => Step::Copy { src, dst, len },
-                s => s,
-            })
-            .collect();
-        scheds[1] = Schedule::new(p1, steps);
-        assert!(run(&ps, scheds).is_err());
-    }
-}
+mod tests;

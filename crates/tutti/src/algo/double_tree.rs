@@ -1,0 +1,187 @@
+//! Double binary tree: two complementary binary trees, each carrying half of
+//! the data (as NCCL does).
+//!
+//! Tree 0 is the in-order binary tree of [`btree`] over the members. Tree 1
+//! is the same shape over renumbered members: mirrored (`u -> m-1-u`) when
+//! the member count `m` is even, shifted by one (`u -> u-1`) when it is odd.
+//! In tree 0 the odd members are leaves; in tree 1 the even ones are (except
+//! member 0 for odd `m`), so every rank does the inner-node work (receive
+//! two, send three) in one tree only.
+//!
+//! ```text
+//!   AllReduce, n = 4, first half on tree 0, second half on tree 1 (mirrored):
+//!
+//!        tree 0               tree 1
+//!          0                    3
+//!          |                    |
+//!          2                    1
+//!         / \                  / \
+//!        1   3                2   0
+//! ```
+//!
+//! * **AllReduce**: members are all ranks. Each half is cut into
+//!   `Problem::chunks` pieces and reduced up its tree into Output then
+//!   broadcast down (fused `RecvReduceSend` / `RecvCopySend`, the root turning
+//!   the last reduction straight around). Steps are ordered by (chunk, tree,
+//!   phase) on every rank, so the per-peer message order agrees even when two
+//!   ranks are linked in both trees. Each rank sends at most `2S` (`S/2` up
+//!   and `2 * S/2` down where it is inner, `S/2` up where it is a leaf), like
+//!   the ring's `2(n-1)/n * S`, but in `2 * depth ~ 2 log2 n` latency steps
+//!   instead of `2(n-1)`.
+//! * **Broadcast / Reduce**: the root sits above two trees over the other
+//!   `n-1` ranks and sends (receives) one half to (from) each tree's top.
+//!   The root sends (receives) `S`, other ranks send about `S`, in about
+//!   `log2 n + 1` latency steps plus one per extra chunk: a bandwidth-optimal
+//!   broadcast with logarithmic depth.
+//!
+//! # Bitwise identical results
+//!
+//! Each element of an AllReduce belongs to one half and so to one tree; it
+//! is reduced once, at that tree's root, in the order fixed by the tree
+//! shape, and every other rank receives a copy of the result.
+
+use super::tree::{btree, chunk_ranges, down, up, Node};
+use super::{block, Buf, Collective, Loc, Problem, Step};
+use std::ops::Range;
+
+/// This member's nodes in the two trees over `m` members, where member `u`
+/// is real rank `real(u)` and the trees' roots hang below `above` (if any).
+fn nodes(m: usize, u: usize, real: impl Fn(usize) -> usize, above: Option<usize>) -> [Node; 2] {
+    let to1 = |x: usize| {
+        if m % 2 == 0 {
+            m - 1 - x
+        } else {
+            (x + m - 1) % m
+        }
+    };
+    let from1 = |x: usize| if m % 2 == 0 { m - 1 - x } else { (x + 1) % m };
+    let node = |v: usize, back: &dyn Fn(usize) -> usize| {
+        let (parent, children) = btree(m, v);
+        Node {
+            parent: parent.map(|x| real(back(x))).or(above),
+            children: children.into_iter().map(|x| real(back(x))).collect(),
+        }
+    };
+    [node(u, &|x| x), node(to1(u), &from1)]
+}
+
+/// The root's node in each tree when it hangs above both: one child, the top.
+fn root_nodes(m: usize, real: impl Fn(usize) -> usize) -> [Node; 2] {
+    let top1 = if m % 2 == 0 { m - 1 } else { 1 % m };
+    [0, top1].map(|u| Node {
+        parent: None,
+        children: vec![real(u)],
+    })
+}
+
+/// Each half of `0..c`, cut into chunks.
+fn halves(c: usize, chunks: usize) -> [Vec<Range<usize>>; 2] {
+    [0, 1].map(|t| {
+        let h = block(c, 2, t);
+        chunk_ranges(h.start, h.len(), chunks)
+    })
+}
+
+/// Builds the double-tree schedule, or `None` for collectives it does not do.
+pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
+    let (n, r, c) = (p.nranks, p.rank, p.count);
+    let mut s = Vec::new();
+    let hs = halves(c, p.chunks);
+    let kmax = hs[0].len().max(hs[1].len());
+    // Visits every (chunk, tree) in the one order all ranks share.
+    let mut each = |f: &mut dyn FnMut(&mut Vec<Step>, usize, &Range<usize>)| {
+        for k in 0..kmax {
+            for (t, h) in hs.iter().enumerate() {
+                if let Some(rg) = h.get(k) {
+                    f(&mut s, t, rg);
+                }
+            }
+        }
+    };
+    match p.coll {
+        Collective::AllReduce => {
+            if n == 1 {
+                if !p.in_place {
+                    each(&mut |s, _, rg| {
+                        s.push(Step::Copy {
+                            src: Loc::input(rg.start),
+                            dst: Loc::output(rg.start),
+                            len: rg.len(),
+                        })
+                    });
+                }
+            } else {
+                let tr = nodes(n, r, |x| x, None);
+                each(&mut |s, t, rg| {
+                    let skip = up(s, &tr[t], rg, Buf::Output, true);
+                    down(s, &tr[t], rg, skip);
+                });
+            }
+        }
+        Collective::Broadcast { root } | Collective::Reduce { root } => {
+            let m = n - 1;
+            let real = |u: usize| (u + root + 1) % n;
+            let tr = if r == root {
+                root_nodes(m, real)
+            } else {
+                nodes(m, (r + n - root - 1) % n, real, Some(root))
+            };
+            if matches!(p.coll, Collective::Broadcast { .. }) {
+                if n > 1 {
+                    each(&mut |s, t, rg| down(s, &tr[t], rg, None));
+                }
+            } else if n == 1 {
+                each(&mut |s, _, rg| {
+                    s.push(Step::Copy {
+                        src: Loc::input(rg.start),
+                        dst: Loc::output(rg.start),
+                        len: rg.len(),
+                    })
+                });
+            } else {
+                let acc = if r == root { Buf::Output } else { Buf::Scratch };
+                each(&mut |s, t, rg| {
+                    up(s, &tr[t], rg, acc, false);
+                });
+            }
+        }
+        _ => return None,
+    }
+    Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rank_is_inner_in_at_most_one_tree_mostly() {
+        for m in 2..=64usize {
+            let mut both = 0;
+            for u in 0..m {
+                let [a, b] = nodes(m, u, |x| x, None);
+                if !a.children.is_empty() && !b.children.is_empty() {
+                    both += 1;
+                }
+            }
+            // Only member 0 of an odd count is inner in both.
+            assert!(
+                both <= usize::from(m % 2 == 1),
+                "m={m}: {both} ranks inner twice"
+            );
+        }
+    }
+
+    #[test]
+    fn root_nodes_point_at_the_tops() {
+        for m in 1..=40usize {
+            let tops = root_nodes(m, |x| x);
+            for t in 0..2 {
+                let top = tops[t].children[0];
+                assert!(btree(m, 0).0.is_none());
+                let node = &nodes(m, top, |x| x, Some(999))[t];
+                assert_eq!(node.parent, Some(999), "m={m} tree {t}: top {top}");
+            }
+        }
+    }
+}

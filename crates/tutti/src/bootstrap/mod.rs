@@ -1,0 +1,471 @@
+//! Rendezvous: how ranks find each other and connect.
+//!
+//! Rank 0 hosts a [`store`] (a small TCP key-value store). Every rank
+//! connects to it with the job's auth token, publishes its host identity,
+//! process id and the address of its own peer listener, and reads everybody
+//! else's. Ranks on one host then map a shared segment (created by the
+//! host's lowest rank and unlinked as soon as all have mapped it); ranks on
+//! different hosts connect directly over TCP, the higher rank dialling the
+//! lower, each connection opened with the auth token and the dialler's rank.
+//!
+//! Where the rank, size and master come from: [`UniqueId`] (launcher-free,
+//! like `ncclGetUniqueId`), or the environment ([`EnvInfo::from_env`]).
+
+pub(crate) mod store;
+
+use crate::config::{Config, TransportChoice};
+use crate::error::{Error, Result};
+use crate::topo::{self, Topology};
+use crate::transport::shm::{DirectRead, Layout, RingLink, Segment};
+use crate::transport::tcp::TcpLink;
+use crate::transport::{sys, Link, TransportKind};
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use store::{StoreClient, StoreServer};
+
+/// A printable handle that lets ranks find each other without a launcher:
+/// the root's address and port and a random auth token.
+///
+/// Create it once (on any rank, usually 0), pass its string form to the
+/// other ranks by any means, and call
+/// [`Communicator::init_rank`](crate::Communicator::init_rank) on each.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct UniqueId {
+    /// Where the root's store listens.
+    pub addr: SocketAddr,
+    /// The job's auth token.
+    pub token: [u8; 16],
+}
+
+impl fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "UniqueId({})", self.addr)
+    }
+}
+
+/// Listeners bound by `UniqueId::new`, waiting for rank 0 of this process.
+fn pending_listeners() -> &'static Mutex<HashMap<SocketAddr, TcpListener>> {
+    static P: OnceLock<Mutex<HashMap<SocketAddr, TcpListener>>> = OnceLock::new();
+    P.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+pub(crate) fn random_token() -> [u8; 16] {
+    let mut t = [0u8; 16];
+    getrandom::getrandom(&mut t).expect("the OS random source failed");
+    t
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl UniqueId {
+    /// Binds a listener for the root on `TUTTI_SOCKET_IFNAME`'s address (or
+    /// loopback) and a random port, and makes a fresh token. The process that
+    /// calls this must also be the one that runs rank 0.
+    pub fn new() -> Result<UniqueId> {
+        let ip = match std::env::var("TUTTI_SOCKET_IFNAME") {
+            Ok(spec) if !spec.is_empty() => crate::topo::iface::pick(&spec)?
+                .ok_or_else(|| Error::Config(format!("TUTTI_SOCKET_IFNAME={spec:?} matches no interface with an IPv4 address")))?,
+            _ => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        };
+        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::io("binding the root listener", e))?;
+        let addr = l.local_addr().map_err(|e| Error::io("root listener address", e))?;
+        pending_listeners()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(addr, l);
+        Ok(UniqueId {
+            addr,
+            token: random_token(),
+        })
+    }
+}
+
+impl fmt::Display for UniqueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tutti1:{}:{}", self.addr, hex(&self.token))
+    }
+}
+
+impl FromStr for UniqueId {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || Error::arg(format!("{s:?} is not a tutti unique id (expected tutti1:ADDR:PORT:TOKEN)"));
+        let rest = s.trim().strip_prefix("tutti1:").ok_or_else(bad)?;
+        let (addr, tok) = rest.rsplit_once(':').ok_or_else(bad)?;
+        let addr: SocketAddr = addr.parse().map_err(|_| bad())?;
+        if tok.len() != 32 {
+            return Err(bad());
+        }
+        let mut token = [0u8; 16];
+        for (i, t) in token.iter_mut().enumerate() {
+            *t = u8::from_str_radix(&tok[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(UniqueId { addr, token })
+    }
+}
+
+/// Rank, world size and master, as read from a launcher's environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvInfo {
+    /// This process's rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// Rank on this host, if the launcher says.
+    pub local_rank: Option<usize>,
+    /// The master's host name or address.
+    pub master_addr: String,
+    /// The master's port.
+    pub master_port: u16,
+    /// The auth token (`TUTTI_TOKEN`, 32 hex digits), if set.
+    pub token: Option<[u8; 16]>,
+    /// Which launcher's variables were used.
+    pub source: &'static str,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn num<T: FromStr>(name: &str) -> Result<Option<T>> {
+    match env(name) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| Error::Config(format!("{name}={v:?} is not a valid number"))),
+    }
+}
+
+impl EnvInfo {
+    /// Reads, in this order: `TUTTI_RANK/TUTTI_WORLD_SIZE/TUTTI_MASTER_ADDR/
+    /// TUTTI_MASTER_PORT`, torchrun's `RANK/WORLD_SIZE/LOCAL_RANK/
+    /// MASTER_ADDR/MASTER_PORT`, Slurm's `SLURM_PROCID/SLURM_NTASKS/
+    /// SLURM_LOCALID` and Open MPI's `OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK`.
+    /// Slurm and Open MPI do not name a master: `TUTTI_MASTER_ADDR` or
+    /// `MASTER_ADDR` (and the port) must then be set as well.
+    pub fn from_env() -> Result<EnvInfo> {
+        let sources: [(&str, &str, &str, &str); 4] = [
+            ("tutti", "TUTTI_RANK", "TUTTI_WORLD_SIZE", "TUTTI_LOCAL_RANK"),
+            ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
+            ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+            ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ];
+        for (source, rk, sz, lr) in sources {
+            let (Some(rank), Some(world_size)) = (num::<usize>(rk)?, num::<usize>(sz)?) else {
+                continue;
+            };
+            if world_size == 0 {
+                return Err(Error::Config(format!("{sz}=0: the world needs at least one rank")));
+            }
+            if rank >= world_size {
+                return Err(Error::Config(format!(
+                    "{rk}={rank} but {sz}={world_size}: the rank must be below the world size"
+                )));
+            }
+            let master_addr = env("TUTTI_MASTER_ADDR").or_else(|| env("MASTER_ADDR"));
+            let master_port = match num::<u16>("TUTTI_MASTER_PORT")? {
+                Some(p) => Some(p),
+                None => num::<u16>("MASTER_PORT")?,
+            };
+            let (Some(master_addr), Some(master_port)) = (master_addr, master_port) else {
+                return Err(Error::Config(format!(
+                    "found {rk}/{sz} ({source}) but no master: set TUTTI_MASTER_ADDR and TUTTI_MASTER_PORT (or MASTER_ADDR and MASTER_PORT) to rank 0's host and a free port"
+                )));
+            };
+            let token = match env("TUTTI_TOKEN") {
+                None => None,
+                Some(t) => {
+                    let id: UniqueId = format!("tutti1:0.0.0.0:0:{}", t.trim())
+                        .parse()
+                        .map_err(|_| Error::Config("TUTTI_TOKEN must be 32 hex digits".into()))?;
+                    Some(id.token)
+                }
+            };
+            return Ok(EnvInfo {
+                rank,
+                world_size,
+                local_rank: num::<usize>(lr)?,
+                master_addr,
+                master_port,
+                token,
+                source,
+            });
+        }
+        Err(Error::Config(
+            "no rank/world size in the environment: run under `tutti run`, torchrun, Slurm or mpirun, or set TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_MASTER_ADDR and TUTTI_MASTER_PORT".into(),
+        ))
+    }
+
+    /// The master's socket address, and the token (derived from the master's
+    /// address when `TUTTI_TOKEN` is not set, which only guards against
+    /// accidents, not attackers).
+    pub(crate) fn unique_id(&self) -> Result<UniqueId> {
+        let addr = (self.master_addr.as_str(), self.master_port)
+            .to_socket_addrs()
+            .map_err(|e| Error::Config(format!("cannot resolve master address {:?}: {e}", self.master_addr)))?
+            .find(|a| a.is_ipv4())
+            .ok_or_else(|| Error::Config(format!("master address {:?} has no IPv4 address", self.master_addr)))?;
+        let token = self.token.unwrap_or_else(|| {
+            let mut t = [0u8; 16];
+            let s = format!("tutti:{}:{}", self.master_addr, self.master_port);
+            for (i, b) in s.bytes().enumerate() {
+                t[i % 16] = t[i % 16].wrapping_mul(31).wrapping_add(b);
+            }
+            t
+        });
+        Ok(UniqueId { addr, token })
+    }
+}
+
+/// What rendezvous hands to the communicator.
+pub(crate) struct Joined {
+    pub links: Vec<Option<Link>>,
+    pub peer_pids: Vec<Option<i32>>,
+    pub topo: Topology,
+    pub segment: Option<(Arc<Segment>, usize)>,
+    pub server: Option<StoreServer>,
+    pub client: StoreClient,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RankInfo {
+    host: String,
+    pid: i32,
+    addr: SocketAddr,
+    nranks: usize,
+}
+
+/// Joins the job described by `id` as `rank` of `nranks`.
+pub(crate) fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, cfg: &Config) -> Result<Joined> {
+    if nranks == 0 || rank >= nranks {
+        return Err(Error::arg(format!("rank {rank} is not below the number of ranks {nranks}")));
+    }
+    let deadline = Instant::now() + cfg.connect_timeout;
+    let boot = |msg: String| Error::Bootstrap { rank, msg };
+    // Rank 0 serves the store.
+    let server = if rank == 0 {
+        let l = pending_listeners()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id.addr);
+        let l = match l {
+            Some(l) => l,
+            None => {
+                let bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), id.addr.port());
+                bind_retry(bind, deadline).map_err(|e| {
+                    boot(format!("cannot listen on port {} for the store: {e}; is another job using it? choose another MASTER_PORT", id.addr.port()))
+                })?
+            }
+        };
+        Some(StoreServer::start(l, id.token)?)
+    } else {
+        None
+    };
+    let target = match &server {
+        Some(s) if id.addr.ip().is_unspecified() => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), s.addr().port()),
+        _ => id.addr,
+    };
+    let mut client = StoreClient::connect(target, id.token, rank, deadline)?;
+
+    // Our peer listener, on an address that reaches the master (or the chosen interface).
+    let my_ip = match &cfg.socket_ifname {
+        Some(spec) => topo::iface::pick(spec)?.ok_or_else(|| {
+            Error::Config(format!("TUTTI_SOCKET_IFNAME={spec:?} matches no interface with an IPv4 address"))
+        })?,
+        None => client.local_addr().map(|a| a.ip()).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+    };
+    let listener = TcpListener::bind((my_ip, 0)).map_err(|e| boot(format!("cannot listen for peers on {my_ip}: {e}")))?;
+    let my_addr = listener.local_addr().map_err(|e| Error::io("peer listener", e))?;
+    let host = topo::host_id(cfg.host_id.as_deref());
+    let info = RankInfo {
+        host,
+        pid: sys::pid(),
+        addr: my_addr,
+        nranks,
+    };
+    client.put(&format!("rank/{rank}"), &serde_json::to_vec(&info).expect("serialise"), deadline)?;
+    let mut infos = Vec::with_capacity(nranks);
+    for r in 0..nranks {
+        let v = client.get(&format!("rank/{r}"), deadline)?;
+        let i: RankInfo = serde_json::from_slice(&v).map_err(|e| boot(format!("malformed info from rank {r}: {e}")))?;
+        if i.nranks != nranks {
+            return Err(boot(format!(
+                "rank {r} was started with world size {}, this rank with {nranks}; all ranks must agree",
+                i.nranks
+            )));
+        }
+        infos.push(i);
+    }
+    let ids: Vec<String> = infos.iter().map(|i| i.host.clone()).collect();
+    let mut topo = Topology::from_host_ids(&ids);
+    let my_host = topo.host_of[rank];
+    let use_shm = |q: usize| cfg.transport == TransportChoice::Auto && topo.host_of[q] == my_host;
+    let mut links: Vec<Option<Link>> = (0..nranks).map(|_| None).collect();
+    let mut peer_pids = vec![None; nranks];
+
+    // Shared memory among the ranks of this host.
+    let locals = topo.hosts[my_host].ranks.clone();
+    let mut segment = None;
+    if cfg.transport == TransportChoice::Auto && locals.len() > 1 {
+        let layout = Layout::new(locals.len(), cfg.ring_bytes);
+        let me = topo.local_rank[rank];
+        let key = format!("shm/{my_host}");
+        let seg = if me == 0 {
+            let name = format!("/tutti-{}-{}-{}", hex(&id.token[..6]), sys::pid(), my_host);
+            let (seg, path) = create_segment(&name, layout).map_err(|e| boot(e.to_string()))?;
+            client.put(&key, name.as_bytes(), deadline)?;
+            client.barrier(&format!("shm-mapped/{my_host}"), locals.len(), deadline)?;
+            let _ = std::fs::remove_file(&path);
+            seg
+        } else {
+            let name = String::from_utf8(client.get(&key, deadline)?).map_err(|_| boot("bad segment name".into()))?;
+            let seg = open_segment(&name, layout).map_err(|e| boot(e.to_string()))?;
+            client.barrier(&format!("shm-mapped/{my_host}"), locals.len(), deadline)?;
+            seg
+        };
+        for (li, &q) in locals.iter().enumerate() {
+            if q != rank {
+                links[q] = Some(Link::Ring(RingLink::new(seg.clone(), me, li, DirectRead::Cma), TransportKind::Shm));
+                peer_pids[q] = Some(infos[q].pid);
+            }
+        }
+        segment = Some((seg, me));
+    }
+
+    // TCP to everybody else: dial lower ranks, accept higher ones.
+    for q in (0..rank).filter(|&q| !use_shm(q)) {
+        let s = dial(infos[q].addr, id.token, rank, deadline)
+            .map_err(|e| boot(format!("cannot connect to rank {q} at {}: {e}", infos[q].addr)))?;
+        links[q] = Some(Link::Tcp(TcpLink::new(s, q)?));
+    }
+    let expect: Vec<usize> = (rank + 1..nranks).filter(|&q| !use_shm(q)).collect();
+    accept_peers(&listener, id.token, &expect, &mut links, deadline).map_err(|e| boot(e))?;
+    drop(listener);
+    for (q, l) in links.iter().enumerate() {
+        topo.transports[q] = l.as_ref().map(|l| l.kind());
+    }
+    client.barrier("joined", nranks, deadline)?;
+    Ok(Joined {
+        links,
+        peer_pids,
+        topo,
+        segment,
+        server,
+        client,
+    })
+}
+
+fn bind_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpListener> {
+    loop {
+        match TcpListener::bind(addr) {
+            Ok(l) => return Ok(l),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() + Duration::from_millis(50) < deadline.min(Instant::now() + Duration::from_secs(5)) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn dial(addr: SocketAddr, token: [u8; 16], rank: usize, deadline: Instant) -> std::io::Result<TcpStream> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(10)).min(Duration::from_secs(2))) {
+            Ok(mut s) => {
+                let mut hello = token.to_vec();
+                hello.extend_from_slice(&(rank as u64).to_le_bytes());
+                s.write_all(&hello)?;
+                return Ok(s);
+            }
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!("dial {addr}: {e}; retrying");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn accept_peers(
+    l: &TcpListener,
+    token: [u8; 16],
+    expect: &[usize],
+    links: &mut [Option<Link>],
+    deadline: Instant,
+) -> std::result::Result<(), String> {
+    let mut missing: Vec<usize> = expect.to_vec();
+    l.set_nonblocking(true).map_err(|e| e.to_string())?;
+    while !missing.is_empty() {
+        if Instant::now() >= deadline {
+            return Err(format!("timed out waiting for rank(s) {missing:?} to connect; are they running and able to reach this host?"));
+        }
+        match l.accept() {
+            Ok((mut s, from)) => {
+                let _ = s.set_nonblocking(false);
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut hello = [0u8; 24];
+                match s.read_exact(&mut hello) {
+                    Ok(()) if hello[..16] == token => {
+                        let q = u64::from_le_bytes(hello[16..].try_into().expect("8 bytes")) as usize;
+                        if let Some(pos) = missing.iter().position(|&m| m == q) {
+                            missing.remove(pos);
+                            let _ = s.set_read_timeout(None);
+                            links[q] = Some(Link::Tcp(TcpLink::new(s, q).map_err(|e| e.to_string())?));
+                        } else {
+                            tracing::warn!("tutti: dropped a connection from {from} claiming unexpected rank {q}");
+                        }
+                    }
+                    Ok(()) => tracing::warn!("tutti: dropped a connection from {from}: wrong auth token"),
+                    Err(e) => tracing::warn!("tutti: dropped a connection from {from}: {e}"),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(2)),
+            Err(e) => return Err(format!("accept failed: {e}")),
+        }
+    }
+    Ok(())
+}
+
+fn shm_path(name: &str) -> String {
+    format!("/dev/shm{name}")
+}
+
+fn create_segment(name: &str, layout: Layout) -> Result<(Arc<Segment>, String)> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = shm_path(name);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| Error::io(format!("creating {path}"), e))?;
+    f.set_len(layout.total as u64)
+        .map_err(|e| Error::io(format!("sizing {path} to {} bytes (is /dev/shm big enough?)", layout.total), e))?;
+    let seg = Segment::map(f.as_raw_fd(), layout, true);
+    if seg.is_err() {
+        let _ = std::fs::remove_file(&path);
+    }
+    Ok((seg?, path))
+}
+
+fn open_segment(name: &str, layout: Layout) -> Result<Arc<Segment>> {
+    use std::os::fd::AsRawFd;
+    let path = shm_path(name);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(format!("opening {path}"), e))?;
+    Segment::map(f.as_raw_fd(), layout, false)
+}

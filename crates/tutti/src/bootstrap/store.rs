@@ -1,0 +1,305 @@
+//! A small TCP key-value store, hosted by rank 0, through which ranks find
+//! each other.
+//!
+//! Wire format: frames of `[u32 length][payload]`, little-endian. A client's
+//! first frame is the job's 16-byte auth token; a connection that sends
+//! anything else (or nothing within a few seconds) is logged and dropped,
+//! and the job carries on. Requests are `P key value` (put), `G key` (get,
+//! answered once the key exists) and `A key` (add one, answered with the new
+//! count). Frames longer than [`MAX_FRAME`] are refused before any
+//! allocation.
+
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Largest frame the store accepts.
+pub(crate) const MAX_FRAME: usize = 1 << 20;
+
+pub(crate) fn write_frame(s: &mut impl Write, payload: &[u8]) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(4 + payload.len());
+    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buf.extend_from_slice(payload);
+    s.write_all(&buf)
+}
+
+pub(crate) fn read_frame(s: &mut impl Read) -> io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let n = u32::from_le_bytes(len) as usize;
+    if n > MAX_FRAME {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame of {n} bytes is too long")));
+    }
+    let mut v = vec![0u8; n];
+    s.read_exact(&mut v)?;
+    Ok(v)
+}
+
+#[derive(Default)]
+struct Table {
+    map: HashMap<Vec<u8>, Vec<u8>>,
+    counters: HashMap<Vec<u8>, u64>,
+}
+
+struct Shared {
+    table: Mutex<Table>,
+    changed: Condvar,
+    stop: AtomicBool,
+    conns: Mutex<Vec<TcpStream>>,
+}
+
+/// The store server. Stops (and closes every connection) on drop.
+pub(crate) struct StoreServer {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl StoreServer {
+    /// Serves on `listener` for clients presenting `token`.
+    pub(crate) fn start(listener: TcpListener, token: [u8; 16]) -> Result<StoreServer> {
+        let addr = listener.local_addr().map_err(|e| Error::io("store address", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("store listener", e))?;
+        let shared = Arc::new(Shared {
+            table: Mutex::new(Table::default()),
+            changed: Condvar::new(),
+            stop: AtomicBool::new(false),
+            conns: Mutex::new(Vec::new()),
+        });
+        let sh = shared.clone();
+        let accept = std::thread::Builder::new()
+            .name("tutti-store".into())
+            .spawn(move || accept_loop(listener, token, sh))
+            .map_err(|e| Error::io("spawning the store thread", e))?;
+        Ok(StoreServer {
+            shared,
+            addr,
+            accept: Some(accept),
+        })
+    }
+
+    /// Where the store listens.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for StoreServer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.changed.notify_all();
+        for c in self.shared.conns.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, token: [u8; 16], sh: Arc<Shared>) {
+    let mut handlers: Vec<JoinHandle<()>> = Vec::new();
+    while !sh.stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((s, peer)) => {
+                let sh2 = sh.clone();
+                if let Ok(c) = s.try_clone() {
+                    sh.conns.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+                }
+                if let Ok(h) = std::thread::Builder::new()
+                    .name("tutti-store-conn".into())
+                    .spawn(move || serve(s, peer, token, sh2))
+                {
+                    handlers.push(h);
+                }
+                handlers.retain(|h| !h.is_finished());
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    for c in sh.conns.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        let _ = c.shutdown(std::net::Shutdown::Both);
+    }
+    for h in handlers {
+        let _ = h.join();
+    }
+}
+
+fn serve(mut s: TcpStream, peer: SocketAddr, token: [u8; 16], sh: Arc<Shared>) {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    match read_frame(&mut s) {
+        Ok(t) if t == token => {}
+        Ok(_) => {
+            tracing::warn!("tutti store: dropped a connection from {peer}: wrong auth token");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!("tutti store: dropped a connection from {peer}: {e}");
+            return;
+        }
+    }
+    let _ = s.set_read_timeout(None);
+    let _ = s.set_nodelay(true);
+    while let Ok(req) = read_frame(&mut s) {
+        if sh.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some((&cmd, rest)) = req.split_first() else { return };
+        let reply = match cmd {
+            b'P' => {
+                let Some((k, v)) = split_kv(rest) else { return };
+                let mut t = sh.table.lock().unwrap_or_else(|e| e.into_inner());
+                t.map.insert(k.to_vec(), v.to_vec());
+                drop(t);
+                sh.changed.notify_all();
+                Vec::new()
+            }
+            b'G' => {
+                let mut t = sh.table.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if let Some(v) = t.map.get(rest) {
+                        break v.clone();
+                    }
+                    if sh.stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    t = sh
+                        .changed
+                        .wait_timeout(t, Duration::from_millis(100))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+            b'A' => {
+                let mut t = sh.table.lock().unwrap_or_else(|e| e.into_inner());
+                let c = t.counters.entry(rest.to_vec()).or_insert(0);
+                *c += 1;
+                let v = *c;
+                drop(t);
+                sh.changed.notify_all();
+                v.to_le_bytes().to_vec()
+            }
+            _ => {
+                tracing::warn!("tutti store: dropped {peer}: unknown request {cmd}");
+                return;
+            }
+        };
+        if write_frame(&mut s, &reply).is_err() {
+            return;
+        }
+    }
+}
+
+fn split_kv(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    if b.len() < 2 {
+        return None;
+    }
+    let kl = u16::from_le_bytes([b[0], b[1]]) as usize;
+    if b.len() < 2 + kl {
+        return None;
+    }
+    Some((&b[2..2 + kl], &b[2 + kl..]))
+}
+
+/// A connection to the store.
+pub(crate) struct StoreClient {
+    sock: TcpStream,
+    rank: usize,
+}
+
+impl StoreClient {
+    /// Connects to `addr`, retrying until `deadline`, and authenticates.
+    pub(crate) fn connect(addr: SocketAddr, token: [u8; 16], rank: usize, deadline: Instant) -> Result<StoreClient> {
+        let mut last = None;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Bootstrap {
+                    rank,
+                    msg: format!(
+                        "could not reach the master at {addr} ({}); check that rank 0 is running and that MASTER_ADDR/MASTER_PORT (or TUTTI_MASTER_ADDR/PORT) point to it, or raise TUTTI_CONNECT_TIMEOUT",
+                        last.map_or("timed out".to_string(), |e: io::Error| e.to_string())
+                    ),
+                });
+            }
+            match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(2))) {
+                Ok(mut s) => {
+                    let _ = s.set_nodelay(true);
+                    write_frame(&mut s, &token).map_err(|e| Error::io("store handshake", e))?;
+                    return Ok(StoreClient { sock: s, rank });
+                }
+                Err(e) => {
+                    last = Some(e);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+    }
+
+    /// The local address of the connection (an address that reaches the master).
+    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
+        self.sock.local_addr().ok()
+    }
+
+    fn request(&mut self, req: &[u8], deadline: Instant, what: &str) -> Result<Vec<u8>> {
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        let _ = self.sock.set_read_timeout(Some(left));
+        write_frame(&mut self.sock, req)
+            .and_then(|_| read_frame(&mut self.sock))
+            .map_err(|e| Error::Bootstrap {
+                rank: self.rank,
+                msg: if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+                    format!("timed out waiting for {what}: some rank did not join; check that every rank was started with the same world size and master, or raise TUTTI_CONNECT_TIMEOUT")
+                } else {
+                    format!("lost the master while waiting for {what}: {e}")
+                },
+            })
+    }
+
+    /// Stores `value` under `key`.
+    pub(crate) fn put(&mut self, key: &str, value: &[u8], deadline: Instant) -> Result<()> {
+        let mut r = vec![b'P'];
+        r.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        r.extend_from_slice(key.as_bytes());
+        r.extend_from_slice(value);
+        self.request(&r, deadline, key).map(|_| ())
+    }
+
+    /// Waits for `key` and returns its value.
+    pub(crate) fn get(&mut self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
+        let mut r = vec![b'G'];
+        r.extend_from_slice(key.as_bytes());
+        self.request(&r, deadline, key)
+    }
+
+    /// Adds one to counter `key` and returns the new value.
+    pub(crate) fn add(&mut self, key: &str, deadline: Instant) -> Result<u64> {
+        let mut r = vec![b'A'];
+        r.extend_from_slice(key.as_bytes());
+        let v = self.request(&r, deadline, key)?;
+        Ok(u64::from_le_bytes(v.try_into().map_err(|_| Error::Bootstrap {
+            rank: self.rank,
+            msg: "malformed reply from the store".into(),
+        })?))
+    }
+
+    /// Waits until `n` ranks have called `barrier` with this `name`.
+    pub(crate) fn barrier(&mut self, name: &str, n: usize, deadline: Instant) -> Result<()> {
+        let c = self.add(&format!("{name}/count"), deadline)?;
+        if c as usize == n {
+            self.put(&format!("{name}/done"), b"1", deadline)?;
+        }
+        self.get(&format!("{name}/done"), deadline).map(|_| ())
+    }
+}

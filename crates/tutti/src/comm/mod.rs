@@ -1,0 +1,185 @@
+//! The public face: [`Communicator`].
+
+mod ops;
+mod work;
+
+pub use ops::RawCall;
+pub use work::Work;
+
+use crate::algo::Algorithm;
+use crate::bootstrap::{self, store::StoreClient, store::StoreServer, EnvInfo, UniqueId};
+use crate::config::Config;
+use crate::engine::{Core, Engine};
+use crate::error::{Error, Result};
+use crate::topo::Topology;
+use crate::transport::shm::{DirectRead, RingLink, Segment};
+use crate::transport::{Link, TransportKind};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Per-call options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Force an algorithm for this call (`None`: the tuner or `TUTTI_ALGO` decides).
+    pub algorithm: Option<Algorithm>,
+    /// Deadline for this call (`None`: the communicator's, `TUTTI_TIMEOUT`).
+    pub timeout: Option<Duration>,
+}
+
+/// A group of ranks that run collectives together.
+///
+/// Create one per rank with [`from_env`](Communicator::from_env) (under
+/// `tutti run`, torchrun, Slurm or mpirun), [`init_rank`](Communicator::init_rank)
+/// (with a [`UniqueId`]), or all at once for threads of one process with
+/// [`init_all`](Communicator::init_all). Every rank must issue the same
+/// collectives in the same order. Dropping it releases everything: threads,
+/// sockets and shared memory.
+///
+/// ```
+/// use tutti::{Communicator, ReduceOp};
+///
+/// // Four ranks as four threads of this process.
+/// let comms = Communicator::init_all(4).unwrap();
+/// std::thread::scope(|s| {
+///     for c in &comms {
+///         s.spawn(move || {
+///             let mut grad = vec![c.rank() as f32; 1000];
+///             c.all_reduce(&mut grad, ReduceOp::Sum).unwrap();
+///             assert!(grad.iter().all(|&x| x == 6.0)); // 0 + 1 + 2 + 3
+///         });
+///     }
+/// });
+/// ```
+pub struct Communicator {
+    pub(crate) engine: Engine,
+    rank: usize,
+    size: usize,
+    topo: Topology,
+    config: Config,
+    /// Kept for the communicator's life: rank 0 serves the store; the client
+    /// connection stays open for later use (splits, diagnostics).
+    _store: Option<StoreServer>,
+    _client: Option<Mutex<StoreClient>>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("local_rank", &self.local_rank())
+            .field("local_size", &self.local_size())
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// `n` communicators for `n` threads of this process (like
+    /// `ncclCommInitAll`); element `r` is rank `r`. Uses the `local`
+    /// transport (direct memory access) and reads [`Config::from_env`].
+    pub fn init_all(n: usize) -> Result<Vec<Communicator>> {
+        Self::init_all_with(n, Config::from_env()?)
+    }
+
+    /// [`init_all`](Communicator::init_all) with an explicit configuration.
+    pub fn init_all_with(n: usize, config: Config) -> Result<Vec<Communicator>> {
+        if n == 0 {
+            return Err(Error::arg("init_all needs at least one rank"));
+        }
+        let seg = Segment::heap(n, config.ring_bytes);
+        let mut topo = Topology::from_host_ids(&vec![String::from("local"); n]);
+        let mut out = Vec::with_capacity(n);
+        for r in 0..n {
+            let links: Vec<Option<Link>> = (0..n)
+                .map(|q| {
+                    (q != r).then(|| Link::Ring(RingLink::new(seg.clone(), r, q, DirectRead::Memcpy), TransportKind::Local))
+                })
+                .collect();
+            topo.transports = links.iter().map(|l| l.as_ref().map(|l| l.kind())).collect();
+            let core = Core::new(links, vec![None; n], r, config.clone(), n, Some((seg.clone(), r)));
+            out.push(Communicator {
+                engine: Engine::new(core),
+                rank: r,
+                size: n,
+                topo: topo.clone(),
+                config: config.clone(),
+                _store: None,
+                _client: None,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Joins the job named by `id` as `rank` of `nranks` (like
+    /// `ncclCommInitRank`). Rank 0 must run in the process that created `id`
+    /// with [`UniqueId::new`], or `id` must name a free port on rank 0's host.
+    pub fn init_rank(id: &UniqueId, nranks: usize, rank: usize) -> Result<Communicator> {
+        Self::init_rank_with(id, nranks, rank, Config::from_env()?)
+    }
+
+    /// [`init_rank`](Communicator::init_rank) with an explicit configuration.
+    pub fn init_rank_with(id: &UniqueId, nranks: usize, rank: usize, config: Config) -> Result<Communicator> {
+        let j = bootstrap::rendezvous(id, nranks, rank, &config)?;
+        let ranks_here = j.topo.local_size(rank);
+        let core = Core::new(j.links, j.peer_pids, rank, config.clone(), ranks_here, j.segment);
+        Ok(Communicator {
+            engine: Engine::new(core),
+            rank,
+            size: nranks,
+            topo: j.topo,
+            config,
+            _store: j.server,
+            _client: Some(Mutex::new(j.client)),
+        })
+    }
+
+    /// Joins the job described by the environment: `TUTTI_*` (as set by
+    /// `tutti run`), torchrun, Slurm or Open MPI variables, in that order
+    /// (see [`EnvInfo::from_env`]).
+    pub fn from_env() -> Result<Communicator> {
+        let e = EnvInfo::from_env()?;
+        let id = e.unique_id()?;
+        Self::init_rank(&id, e.world_size, e.rank)
+    }
+
+    /// This rank, in `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// This rank's index among the ranks on its host.
+    pub fn local_rank(&self) -> usize {
+        self.topo.local_rank[self.rank]
+    }
+
+    /// Number of ranks on this rank's host.
+    pub fn local_size(&self) -> usize {
+        self.topo.local_size(self.rank)
+    }
+
+    /// The topology this communicator detected.
+    pub fn topology(&self) -> &Topology {
+        &self.topo
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Aborts the communicator: ops that wait fail with [`Error::Aborted`] at
+    /// once, and so does every later op. Callable from any thread.
+    pub fn abort(&self) {
+        self.engine.abort();
+    }
+
+    /// Number of ops this communicator has completed or failed.
+    pub fn ops_done(&self) -> u64 {
+        self.engine.with_core(|c| c.seq())
+    }
+}

@@ -1,0 +1,158 @@
+//! Every `TUTTI_*` setting, read in one place into a typed [`Config`].
+
+use crate::error::{Error, Result};
+use crate::tune::AlgoOverride;
+use std::time::Duration;
+
+/// Which transport to use between ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// Shared memory within a host, TCP across hosts.
+    Auto,
+    /// TCP everywhere (`TUTTI_TRANSPORT=tcp`).
+    Tcp,
+}
+
+/// tutti's settings. [`Config::from_env`] reads them from `TUTTI_*`
+/// variables; [`Config::default`] gives the defaults.
+///
+/// | variable | field | default |
+/// |---|---|---|
+/// | `TUTTI_TIMEOUT` (seconds) | [`timeout`](Config::timeout) | 300 |
+/// | `TUTTI_CONNECT_TIMEOUT` (seconds) | [`connect_timeout`](Config::connect_timeout) | 60 |
+/// | `TUTTI_TRANSPORT` (`auto`, `tcp`) | [`transport`](Config::transport) | auto |
+/// | `TUTTI_ALGO` | [`algo`](Config::algo) | auto |
+/// | `TUTTI_SHM_RING_BYTES` | [`ring_bytes`](Config::ring_bytes) | 512 KiB |
+/// | `TUTTI_SHM_DIRECT_BYTES` | [`direct_bytes`](Config::direct_bytes) | 256 KiB |
+/// | `TUTTI_SPIN` | [`spin`](Config::spin) | 2000, or 50 when ranks outnumber cores |
+/// | `TUTTI_SOCKET_IFNAME` | [`socket_ifname`](Config::socket_ifname) | any |
+/// | `TUTTI_HOST_ID` | [`host_id`](Config::host_id) | hostname + boot id + network namespace |
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Deadline of each operation.
+    pub timeout: Duration,
+    /// Deadline of communicator set-up.
+    pub connect_timeout: Duration,
+    /// Transport selection.
+    pub transport: TransportChoice,
+    /// Forced algorithms.
+    pub algo: AlgoOverride,
+    /// Bytes of each shared-memory ring (a power of two, at least 4 KiB).
+    pub ring_bytes: usize,
+    /// Shared-memory messages at least this large are read directly from the sender's buffer.
+    pub direct_bytes: usize,
+    /// Idle polls to spin before yielding and sleeping; `None` picks automatically.
+    pub spin: Option<u32>,
+    /// Network interface selection (NCCL syntax: `eth0`, `^lo`, `=eth0`).
+    pub socket_ifname: Option<String>,
+    /// Explicit host identity (ranks with the same id use shared memory).
+    pub host_id: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(60),
+            transport: TransportChoice::Auto,
+            algo: AlgoOverride::default(),
+            ring_bytes: 512 << 10,
+            direct_bytes: 256 << 10,
+            spin: None,
+            socket_ifname: None,
+            host_id: None,
+        }
+    }
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn secs(name: &str, v: &str) -> Result<Duration> {
+    let s: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| Error::Config(format!("{name}={v:?} is not a number of seconds")))?;
+    if !(s > 0.0 && s.is_finite()) {
+        return Err(Error::Config(format!("{name}={v:?} must be a positive number of seconds")));
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+/// Parses a byte size with an optional K, M or G suffix (powers of 1024).
+pub fn parse_bytes(v: &str) -> Option<usize> {
+    let t = v.trim();
+    let (num, mul) = match t.chars().last()? {
+        'k' | 'K' => (&t[..t.len() - 1], 1usize << 10),
+        'm' | 'M' => (&t[..t.len() - 1], 1 << 20),
+        'g' | 'G' => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    num.trim().parse::<usize>().ok()?.checked_mul(mul)
+}
+
+fn bytes(name: &str, v: &str) -> Result<usize> {
+    parse_bytes(v).ok_or_else(|| Error::Config(format!("{name}={v:?} is not a byte size (e.g. 512K, 4M)")))
+}
+
+impl Config {
+    /// Reads every `TUTTI_*` variable; a malformed value is an error naming it.
+    pub fn from_env() -> Result<Config> {
+        let mut c = Config::default();
+        if let Some(v) = var("TUTTI_TIMEOUT") {
+            c.timeout = secs("TUTTI_TIMEOUT", &v)?;
+        }
+        if let Some(v) = var("TUTTI_CONNECT_TIMEOUT") {
+            c.connect_timeout = secs("TUTTI_CONNECT_TIMEOUT", &v)?;
+        }
+        if let Some(v) = var("TUTTI_TRANSPORT") {
+            c.transport = match v.to_ascii_lowercase().as_str() {
+                "auto" | "shm" => TransportChoice::Auto,
+                "tcp" | "socket" | "net" => TransportChoice::Tcp,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "TUTTI_TRANSPORT={v:?} is not a transport; valid: auto, tcp"
+                    )))
+                }
+            };
+        }
+        if let Some(v) = var("TUTTI_ALGO") {
+            c.algo = AlgoOverride::parse(&v).map_err(|e| Error::Config(format!("TUTTI_ALGO: {e}")))?;
+        }
+        if let Some(v) = var("TUTTI_SHM_RING_BYTES") {
+            let b = bytes("TUTTI_SHM_RING_BYTES", &v)?;
+            if !b.is_power_of_two() || b < 4096 {
+                return Err(Error::Config(format!(
+                    "TUTTI_SHM_RING_BYTES={v:?} must be a power of two of at least 4K"
+                )));
+            }
+            c.ring_bytes = b;
+        }
+        if let Some(v) = var("TUTTI_SHM_DIRECT_BYTES") {
+            c.direct_bytes = bytes("TUTTI_SHM_DIRECT_BYTES", &v)?;
+        }
+        if let Some(v) = var("TUTTI_SPIN") {
+            c.spin = Some(
+                v.trim()
+                    .parse()
+                    .map_err(|_| Error::Config(format!("TUTTI_SPIN={v:?} is not a count")))?,
+            );
+        }
+        c.socket_ifname = var("TUTTI_SOCKET_IFNAME");
+        c.host_id = var("TUTTI_HOST_ID");
+        Ok(c)
+    }
+
+    /// The spin count for `ranks_here` ranks sharing this host's cores.
+    pub(crate) fn spin_for(&self, ranks_here: usize) -> u32 {
+        self.spin.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if ranks_here > cores {
+                50
+            } else {
+                2000
+            }
+        })
+    }
+}

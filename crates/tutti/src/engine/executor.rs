@@ -1,0 +1,386 @@
+//! The executor: runs one rank's [`Schedule`] over its links.
+//!
+//! Steps start when their dependencies are done. Messages to and from each
+//! peer form two FIFO queues (the order in the schedule); only the head of a
+//! queue moves, and it moves as far as the link lets it without blocking. A
+//! fused step forwards the bytes it has received so far. When nothing moves,
+//! the executor spins briefly, yields, then sleeps: on the futex of its
+//! shared-memory doorbell, or in `poll()` on its TCP sockets. Every sleep is
+//! bounded, so abort, peer death and the op's deadline are noticed promptly.
+
+use crate::algo::{Buf, Loc, Schedule, Step};
+use crate::error::{Error, Result};
+use crate::reduce;
+use crate::transport::shm::{self, Doorbell};
+use crate::transport::{sys, Link, RecvMsg, SendMsg, StepCx};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The three buffers of an op, as raw byte ranges.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Buffers {
+    pub input: *mut u8,
+    pub input_len: usize,
+    pub output: *mut u8,
+    pub output_len: usize,
+    pub scratch: *mut u8,
+    pub scratch_len: usize,
+}
+
+/// Everything the executor needs besides the schedule and buffers.
+pub(crate) struct Env<'a> {
+    pub links: &'a mut [Option<Link>],
+    pub cx: &'a mut StepCx,
+    pub deadline: Instant,
+    pub timeout: Duration,
+    pub abort: &'a AtomicBool,
+    /// This rank's shared-memory doorbell, if it has ring links.
+    pub bell: Option<&'a Doorbell>,
+    /// Process ids of peers reached through shared memory (liveness checks).
+    pub peer_pids: &'a [Option<i32>],
+    /// Idle polls spent spinning before yielding, then sleeping.
+    pub spin: u32,
+}
+
+#[derive(Default)]
+struct StepState {
+    started: bool,
+    done: bool,
+    send: Option<SendMsg>,
+    recv: Option<RecvMsg>,
+}
+
+/// Reusable per-op storage, kept by the engine so that small ops allocate nothing.
+#[derive(Default)]
+pub(crate) struct Scratchpad {
+    states: Vec<StepState>,
+    sendq: Vec<VecDeque<u32>>,
+    recvq: Vec<VecDeque<u32>>,
+    peers: Vec<usize>,
+}
+
+fn resolve(b: &Buffers, l: Loc, len: usize, esz: usize) -> Result<*mut u8> {
+    let (base, blen) = match l.buf {
+        Buf::Input => (b.input, b.input_len),
+        Buf::Output => (b.output, b.output_len),
+        Buf::Scratch => (b.scratch, b.scratch_len),
+    };
+    let (start, end) = (l.off * esz, (l.off + len) * esz);
+    if end > blen {
+        return Err(Error::arg(format!(
+            "internal: schedule touches {:?}[{start}..{end}] bytes but the buffer has {blen}",
+            l.buf
+        )));
+    }
+    // SAFETY: start <= end <= blen, so the result stays inside the buffer
+    // (or is the buffer's own pointer when the range is empty).
+    Ok(if len == 0 { base } else { unsafe { base.add(start) } })
+}
+
+/// Runs `sched` to completion, or fails with a typed error.
+pub(crate) fn execute(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mut Scratchpad) -> Result<()> {
+    let esz = env.cx.elem;
+    let k = sched.steps.len();
+    let n = env.links.len();
+    pad.states.clear();
+    pad.states.resize_with(k, StepState::default);
+    if pad.sendq.len() < n {
+        pad.sendq.resize_with(n, VecDeque::new);
+        pad.recvq.resize_with(n, VecDeque::new);
+    }
+    pad.peers.clear();
+    for (i, s) in sched.steps.iter().enumerate() {
+        for q in [s.send_peer(), s.recv_peer()].into_iter().flatten() {
+            if q >= n || env.links[q].is_none() {
+                return Err(Error::arg(format!("internal: schedule names peer {q}, which has no link")));
+            }
+            if !pad.peers.contains(&q) {
+                pad.peers.push(q);
+            }
+        }
+        if let Some(q) = s.send_peer() {
+            pad.sendq[q].push_back(i as u32);
+        }
+        if let Some(q) = s.recv_peer() {
+            pad.recvq[q].push_back(i as u32);
+        }
+    }
+    let r = run(sched, b, env, pad, esz);
+    for &q in &pad.peers {
+        pad.sendq[q].clear();
+        pad.recvq[q].clear();
+    }
+    r
+}
+
+fn run(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mut Scratchpad, esz: usize) -> Result<()> {
+    let k = sched.steps.len();
+    let mut remaining = k;
+    let mut first_unstarted = 0usize;
+    let mut idle = 0u32;
+    let mut last_liveness = Instant::now();
+    let has_tcp = pad
+        .peers
+        .iter()
+        .any(|&q| matches!(env.links[q], Some(Link::Tcp(_))));
+    let has_ring = pad
+        .peers
+        .iter()
+        .any(|&q| matches!(env.links[q], Some(Link::Ring(..))));
+    loop {
+        let mut moved = start_ready(sched, b, env, pad, esz, &mut first_unstarted, &mut remaining)?;
+        moved |= progress(sched, env, pad, &mut remaining)?;
+        if remaining == 0 {
+            return Ok(());
+        }
+        if moved {
+            idle = 0;
+            continue;
+        }
+        idle += 1;
+        if idle < env.spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        if idle < env.spin + 16 {
+            std::thread::yield_now();
+            continue;
+        }
+        // Nothing moves: check the world, then sleep a bounded while.
+        if env.abort.load(Ordering::Relaxed) {
+            return Err(Error::Aborted);
+        }
+        let now = Instant::now();
+        if now >= env.deadline {
+            return Err(timeout_error(env, pad));
+        }
+        if now.duration_since(last_liveness) > Duration::from_millis(50) {
+            last_liveness = now;
+            check_liveness(env, pad)?;
+        }
+        let nap = (env.deadline - now).min(Duration::from_millis(20));
+        if has_tcp {
+            let nap = if has_ring { Duration::from_micros(200) } else { nap };
+            poll_sockets(env, pad, nap);
+        } else if let Some(bell) = env.bell {
+            let mut found = false;
+            let mut err = None;
+            shm::sleep_on(bell, nap, || {
+                match progress(sched, env, pad, &mut remaining) {
+                    Ok(m) => found = m,
+                    Err(e) => err = Some(e),
+                }
+                !found && err.is_none()
+            });
+            if let Some(e) = err {
+                return Err(e);
+            }
+            if remaining == 0 {
+                return Ok(());
+            }
+            if found {
+                idle = 0;
+            }
+        }
+    }
+}
+
+/// Starts every step whose dependencies are done; runs local steps at once.
+fn start_ready(
+    sched: &Schedule,
+    b: &Buffers,
+    env: &mut Env<'_>,
+    pad: &mut Scratchpad,
+    esz: usize,
+    first_unstarted: &mut usize,
+    remaining: &mut usize,
+) -> Result<bool> {
+    let mut moved = false;
+    let k = sched.steps.len();
+    let mut i = *first_unstarted;
+    let mut all_before_started = true;
+    while i < k {
+        if pad.states[i].started {
+            i += 1;
+            continue;
+        }
+        let ready = sched.deps[i].iter().all(|&d| pad.states[d as usize].done);
+        if !ready {
+            if all_before_started {
+                *first_unstarted = i;
+                all_before_started = false;
+            }
+            i += 1;
+            continue;
+        }
+        let st = &mut pad.states[i];
+        st.started = true;
+        moved = true;
+        match sched.steps[i] {
+            Step::Copy { src, dst, len } => {
+                let s = resolve(b, src, len, esz)?;
+                let d = resolve(b, dst, len, esz)?;
+                if s != d {
+                    // SAFETY: both ranges were bounds-checked by `resolve`;
+                    // `copy` tolerates overlap.
+                    unsafe { std::ptr::copy(s, d, len * esz) };
+                }
+                st.done = true;
+            }
+            Step::Reduce { src, dst, len } => {
+                let s = resolve(b, src, len, esz)?;
+                let d = resolve(b, dst, len, esz)?;
+                // SAFETY: bounds-checked ranges; dst is the accumulator and
+                // may not partially overlap src (schedules never do that).
+                unsafe { reduce::reduce(env.cx.dtype, env.cx.op, d, d, s, len * esz) };
+                st.done = true;
+            }
+            Step::Fence => st.done = true,
+            Step::Send { src, len, .. } => {
+                let p = resolve(b, src, len, esz)?;
+                st.send = Some(SendMsg::new(p, len * esz, len * esz));
+            }
+            Step::Recv { dst, len, .. } => {
+                st.recv = Some(RecvMsg::new(resolve(b, dst, len, esz)?, None, len * esz));
+            }
+            Step::RecvReduce { src, dst, len, .. } => {
+                let s = resolve(b, src, len, esz)?;
+                st.recv = Some(RecvMsg::new(resolve(b, dst, len, esz)?, Some(s), len * esz));
+            }
+            Step::RecvReduceSend { src, dst, len, .. } => {
+                let s = resolve(b, src, len, esz)?;
+                let d = resolve(b, dst, len, esz)?;
+                st.recv = Some(RecvMsg::new(d, Some(s), len * esz));
+                st.send = Some(SendMsg::new(d, len * esz, 0));
+            }
+            Step::RecvCopySend { dst, len, .. } => {
+                let d = resolve(b, dst, len, esz)?;
+                st.recv = Some(RecvMsg::new(d, None, len * esz));
+                st.send = Some(SendMsg::new(d, len * esz, 0));
+            }
+        }
+        if st.done {
+            *remaining -= 1;
+        }
+        i += 1;
+    }
+    if all_before_started {
+        *first_unstarted = k;
+    }
+    Ok(moved)
+}
+
+/// Moves the head message of every peer queue as far as it goes.
+fn progress(sched: &Schedule, env: &mut Env<'_>, pad: &mut Scratchpad, remaining: &mut usize) -> Result<bool> {
+    let _ = sched;
+    let mut moved = false;
+    for pi in 0..pad.peers.len() {
+        let q = pad.peers[pi];
+        let link = env.links[q].as_mut().expect("checked in execute");
+        // Receive first: a fused step's forward can then use what just arrived.
+        while let Some(&i) = pad.recvq[q].front() {
+            let st = &mut pad.states[i as usize];
+            if !st.started {
+                break;
+            }
+            let m = st.recv.as_mut().expect("receiving step has a RecvMsg");
+            moved |= link.recv(m, env.cx)?;
+            if !m.done {
+                break;
+            }
+            pad.recvq[q].pop_front();
+            if st.send.as_ref().is_none_or(|s| s.done) {
+                st.done = true;
+                *remaining -= 1;
+            }
+        }
+        while let Some(&i) = pad.sendq[q].front() {
+            let st = &mut pad.states[i as usize];
+            if !st.started {
+                break;
+            }
+            if let (Some(s), Some(r)) = (st.send.as_mut(), st.recv.as_ref()) {
+                s.avail = r.got;
+            }
+            let m = st.send.as_mut().expect("sending step has a SendMsg");
+            moved |= link.send(m, env.cx)?;
+            if !m.done {
+                break;
+            }
+            pad.sendq[q].pop_front();
+            if st.recv.as_ref().is_none_or(|r| r.done) {
+                st.done = true;
+                *remaining -= 1;
+            }
+        }
+    }
+    Ok(moved)
+}
+
+fn pending_peers(pad: &Scratchpad) -> Vec<usize> {
+    let mut v: Vec<usize> = pad
+        .peers
+        .iter()
+        .copied()
+        .filter(|&q| !pad.sendq[q].is_empty() || !pad.recvq[q].is_empty())
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+fn timeout_error(env: &Env<'_>, pad: &Scratchpad) -> Error {
+    Error::Timeout {
+        op: env.cx.op_name.to_string(),
+        seq: env.cx.seq,
+        rank: env.cx.rank,
+        waiting_for: pending_peers(pad),
+        after: env.timeout,
+    }
+}
+
+fn check_liveness(env: &Env<'_>, pad: &Scratchpad) -> Result<()> {
+    for q in pending_peers(pad) {
+        if let Some(Some(pid)) = env.peer_pids.get(q) {
+            if !sys::process_alive(*pid) {
+                return Err(env.cx.lost(q, format!("process {pid} is gone")));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn poll_sockets(env: &Env<'_>, pad: &Scratchpad, nap: Duration) {
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    for &q in &pad.peers {
+        if let Some(Link::Tcp(l)) = &env.links[q] {
+            let mut events = 0;
+            if !pad.recvq[q].is_empty() {
+                events |= libc::POLLIN;
+            }
+            // Ask for writability only if the head message has bytes to write
+            // (a fused step may still be waiting for its own input).
+            if let Some(&i) = pad.sendq[q].front() {
+                let st = &pad.states[i as usize];
+                if st.send.as_ref().is_some_and(|m| !m.header_sent || m.sent < m.avail) {
+                    events |= libc::POLLOUT;
+                }
+            }
+            if events != 0 {
+                fds.push(libc::pollfd {
+                    fd: l.fd(),
+                    events,
+                    revents: 0,
+                });
+            }
+        }
+    }
+    if fds.is_empty() {
+        std::thread::sleep(nap.min(Duration::from_millis(1)));
+        return;
+    }
+    // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
+    unsafe {
+        libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, nap.as_millis().max(1) as i32);
+    }
+}

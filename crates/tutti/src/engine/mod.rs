@@ -1,0 +1,388 @@
+//! The engine: one per communicator. It orders ops (every op gets a ticket
+//! when it is issued and runs in ticket order), runs blocking ops on the
+//! caller's thread and asynchronous ones on a progress thread, picks and
+//! caches schedules, and poisons the communicator after a failure so that
+//! every later op fails fast with the same error.
+
+pub(crate) mod executor;
+
+use crate::algo::{Algorithm, Collective, Problem, Schedule, VCounts};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::reduce::{self, DataType, ReduceOp};
+use crate::transport::shm::Doorbell;
+use crate::transport::{make_tag, Link, StepCx};
+use executor::{Buffers, Env, Scratchpad};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// One collective call, with raw buffers (the comm layer checked them).
+pub(crate) struct OpCall {
+    pub coll: Collective,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub count: usize,
+    pub vcounts: Option<VCounts>,
+    pub in_place: bool,
+    pub input: *mut u8,
+    pub input_len: usize,
+    pub output: *mut u8,
+    pub output_len: usize,
+    pub algorithm: Option<Algorithm>,
+    pub timeout: Option<Duration>,
+}
+
+// SAFETY: the pointers refer to buffers the caller keeps alive (and does not
+// touch) until the op completes; the op moves to the progress thread whole.
+unsafe impl Send for OpCall {}
+
+/// The mutable state of a communicator's data path.
+pub(crate) struct Core {
+    pub links: Vec<Option<Link>>,
+    pub peer_pids: Vec<Option<i32>>,
+    pub rank: usize,
+    pub nranks: usize,
+    pub config: Config,
+    pub spin: u32,
+    /// Keeps the shared segment (and so the doorbell) alive.
+    pub bell_owner: Option<Arc<crate::transport::shm::Segment>>,
+    pub local_index: usize,
+    next_turn: u64,
+    seq: u64,
+    scratch: Vec<u8>,
+    bounce: Vec<u8>,
+    pad: Scratchpad,
+    cache: HashMap<(Problem, Algorithm), Arc<Schedule>>,
+    poisoned: Option<Error>,
+}
+
+impl Core {
+    pub(crate) fn new(
+        links: Vec<Option<Link>>,
+        peer_pids: Vec<Option<i32>>,
+        rank: usize,
+        config: Config,
+        ranks_here: usize,
+        bell_owner: Option<(Arc<crate::transport::shm::Segment>, usize)>,
+    ) -> Core {
+        let nranks = links.len();
+        let spin = config.spin_for(ranks_here);
+        let (bell_owner, local_index) = match bell_owner {
+            Some((s, i)) => (Some(s), i),
+            None => (None, 0),
+        };
+        Core {
+            links,
+            peer_pids,
+            rank,
+            nranks,
+            config,
+            spin,
+            bell_owner,
+            local_index,
+            next_turn: 0,
+            seq: 0,
+            scratch: Vec::new(),
+            bounce: vec![0u8; 256 << 10],
+            pad: Scratchpad::default(),
+            cache: HashMap::new(),
+            poisoned: None,
+        }
+    }
+
+    fn bell(&self) -> Option<&Doorbell> {
+        self.bell_owner.as_ref().map(|s| s.bell(self.local_index))
+    }
+
+    /// The number of ops this communicator has run.
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn run(&mut self, c: &OpCall, abort: &AtomicBool) -> Result<()> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        if abort.load(Ordering::Relaxed) {
+            return Err(Error::Aborted);
+        }
+        let r = self.run_inner(c, abort);
+        if let Err(e) = &r {
+            if matches!(
+                e,
+                Error::Timeout { .. } | Error::PeerLost { .. } | Error::Mismatch { .. } | Error::Aborted
+            ) {
+                tracing::error!(rank = self.rank, "{e}");
+                self.poisoned = Some(e.clone());
+            }
+        }
+        r
+    }
+
+    fn run_inner(&mut self, c: &OpCall, abort: &AtomicBool) -> Result<()> {
+        let seq = self.seq;
+        self.seq += 1;
+        let esz = c.dtype.size();
+        let n = self.nranks;
+        // Put this rank's own data where the schedule expects it.
+        match c.coll {
+            Collective::AllGather => {
+                let off = self.rank * c.count * esz;
+                // SAFETY: the comm layer checked input_len == count*esz and
+                // output_len == n*count*esz; `copy` tolerates aliasing.
+                unsafe {
+                    if c.input as *const u8 != c.output.add(off) as *const u8 {
+                        std::ptr::copy(c.input, c.output.add(off), c.count * esz);
+                    }
+                }
+            }
+            Collective::Broadcast { root } if root == self.rank && c.input != c.output => {
+                // SAFETY: both hold count*esz bytes (checked by the comm layer).
+                unsafe { std::ptr::copy(c.input, c.output, c.count * esz) };
+            }
+            _ => {}
+        }
+        let problem = Problem {
+            coll: c.coll,
+            nranks: n,
+            rank: self.rank,
+            count: c.count,
+            in_place: c.in_place,
+            vcounts: c.vcounts.clone(),
+            chunks: 1,
+        };
+        let bytes = c.count * esz;
+        let alg = crate::tune::select(&problem, bytes, c.algorithm, &self.config.algo)?;
+        let key = (problem, alg);
+        let sched = match self.cache.get(&key) {
+            Some(s) => s.clone(),
+            None => {
+                let s = Arc::new(alg.build(&key.0).ok_or_else(|| {
+                    Error::arg(format!("algorithm {alg} does not implement {}", c.coll.kind()))
+                })?);
+                if self.cache.len() > 512 {
+                    self.cache.clear();
+                }
+                self.cache.insert(key, s.clone());
+                s
+            }
+        };
+        let need = sched.scratch * esz;
+        if self.scratch.len() < need {
+            self.scratch.resize(need, 0);
+        }
+        let bufs = Buffers {
+            input: c.input,
+            input_len: c.input_len,
+            output: c.output,
+            output_len: c.output_len,
+            scratch: self.scratch.as_mut_ptr(),
+            scratch_len: self.scratch.len(),
+        };
+        let timeout = c.timeout.unwrap_or(self.config.timeout);
+        let reduces = matches!(
+            c.coll,
+            Collective::AllReduce | Collective::Reduce { .. } | Collective::ReduceScatter
+        );
+        let op = if reduces { c.op.step_op() } else { ReduceOp::Sum };
+        let mut cx = StepCx {
+            rank: self.rank,
+            seq,
+            tag: make_tag(c.coll.kind(), c.dtype, op),
+            op_name: c.coll.kind().name(),
+            dtype: c.dtype,
+            op,
+            elem: esz,
+            direct_bytes: self.config.direct_bytes,
+            bounce: std::mem::take(&mut self.bounce),
+        };
+        let bell_ptr = self.bell().map(|b| b as *const Doorbell);
+        let spin = self.spin;
+        let r = {
+            let mut env = Env {
+                links: &mut self.links,
+                cx: &mut cx,
+                deadline: Instant::now() + timeout,
+                timeout,
+                abort,
+                // SAFETY: the doorbell lives in the segment that `bell_owner`
+                // keeps alive for the whole life of this Core.
+                bell: bell_ptr.map(|p| unsafe { &*p }),
+                peer_pids: &self.peer_pids,
+                spin,
+            };
+            executor::execute(&sched, &bufs, &mut env, &mut self.pad)
+        };
+        self.bounce = cx.bounce;
+        r?;
+        if c.op == ReduceOp::Avg {
+            let finish = match c.coll {
+                Collective::AllReduce | Collective::ReduceScatter => true,
+                Collective::Reduce { root } => root == self.rank,
+                _ => false,
+            };
+            if finish {
+                // SAFETY: output holds output_len bytes, checked by the comm layer.
+                let out = unsafe { std::slice::from_raw_parts_mut(c.output, c.output_len) };
+                reduce::scale_avg(c.dtype, out, n);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Completion state shared between an async op and its [`Work`](crate::Work) handle.
+#[derive(Default)]
+pub(crate) struct Completion {
+    state: Mutex<Option<Result<()>>>,
+    cv: Condvar,
+}
+
+impl Completion {
+    pub(crate) fn complete(&self, r: Result<()>) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        self.cv.notify_all();
+    }
+
+    /// Waits up to `timeout` (forever if `None`); `None` if still running.
+    pub(crate) fn wait(&self, timeout: Option<Duration>) -> Option<Result<()>> {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(r) = g.as_ref() {
+                return Some(r.clone());
+            }
+            match deadline {
+                None => g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    g = self.cv.wait_timeout(g, d - now).unwrap_or_else(|e| e.into_inner()).0;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+}
+
+struct Job {
+    call: OpCall,
+    ticket: u64,
+    done: Arc<Completion>,
+}
+
+/// Orders and runs a communicator's ops.
+pub(crate) struct Engine {
+    core: Arc<(Mutex<Core>, Condvar)>,
+    tickets: AtomicU64,
+    pub(crate) abort: Arc<AtomicBool>,
+    /// This rank's doorbell, to wake a sleeping op on abort.
+    bell: Option<(Arc<crate::transport::shm::Segment>, usize)>,
+    worker: Mutex<Option<(mpsc::Sender<Job>, JoinHandle<()>)>>,
+}
+
+impl Engine {
+    pub(crate) fn new(core: Core) -> Engine {
+        let bell = core.bell_owner.clone().map(|s| (s, core.local_index));
+        Engine {
+            bell,
+            core: Arc::new((Mutex::new(core), Condvar::new())),
+            tickets: AtomicU64::new(0),
+            abort: Arc::new(AtomicBool::new(false)),
+            worker: Mutex::new(None),
+        }
+    }
+
+    fn run_turn(core: &(Mutex<Core>, Condvar), ticket: u64, call: &OpCall, abort: &AtomicBool) -> Result<()> {
+        let (m, cv) = core;
+        let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+        while g.next_turn != ticket {
+            if abort.load(Ordering::Relaxed) {
+                return Err(Error::Aborted);
+            }
+            g = cv
+                .wait_timeout(g, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let r = g.run(call, abort);
+        g.next_turn += 1;
+        drop(g);
+        cv.notify_all();
+        r
+    }
+
+    /// Runs `call` on this thread, after every op issued before it.
+    pub(crate) fn run_blocking(&self, call: OpCall) -> Result<()> {
+        let t = self.tickets.fetch_add(1, Ordering::SeqCst);
+        Self::run_turn(&self.core, t, &call, &self.abort)
+    }
+
+    /// Queues `call` for the progress thread; `done` completes with its result.
+    pub(crate) fn submit(&self, call: OpCall, done: Arc<Completion>) {
+        let mut w = self.worker.lock().unwrap_or_else(|e| e.into_inner());
+        let t = self.tickets.fetch_add(1, Ordering::SeqCst);
+        if w.is_none() {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let core = self.core.clone();
+            let abort = self.abort.clone();
+            let h = std::thread::Builder::new()
+                .name("tutti-progress".into())
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        let r = Self::run_turn(&core, job.ticket, &job.call, &abort);
+                        job.done.complete(r);
+                    }
+                })
+                .expect("spawning the progress thread");
+            *w = Some((tx, h));
+        }
+        let job = Job { call, ticket: t, done };
+        if let Err(mpsc::SendError(job)) = w.as_ref().expect("worker started").0.send(job) {
+            job.done.complete(Err(Error::Aborted));
+        }
+    }
+
+    /// Runs `f` on the core once every issued op has finished.
+    pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
+        let t = self.tickets.fetch_add(1, Ordering::SeqCst);
+        let (m, cv) = &*self.core;
+        let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+        while g.next_turn != t {
+            g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        let r = f(&mut g);
+        g.next_turn += 1;
+        drop(g);
+        cv.notify_all();
+        r
+    }
+
+    /// Aborts: every waiting and later op fails with [`Error::Aborted`].
+    pub(crate) fn abort(&self) {
+        self.abort.store(true, Ordering::SeqCst);
+        if let Some((seg, i)) = &self.bell {
+            crate::transport::shm::abort_wake(seg.bell(*i));
+        }
+        self.core.1.notify_all();
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let w = self.worker.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((tx, h)) = w {
+            drop(tx);
+            let _ = h.join();
+        }
+    }
+}

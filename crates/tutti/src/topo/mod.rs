@@ -1,0 +1,89 @@
+//! Topology: which ranks share a host, and how each pair is connected.
+//!
+//! Two ranks share a host when their host identities are equal. The identity
+//! is `TUTTI_HOST_ID` if set, otherwise hostname + boot id + network
+//! namespace, so that ranks in different network namespaces on one machine
+//! count as different hosts (and talk TCP), as they would on real hosts.
+
+pub mod iface;
+
+use crate::transport::TransportKind;
+use serde::Serialize;
+
+/// This process's host identity.
+pub fn host_id(explicit: Option<&str>) -> String {
+    if let Some(h) = explicit {
+        return h.to_string();
+    }
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let netns = std::fs::read_link("/proc/self/ns/net")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("{hostname}/{boot}/{netns}")
+}
+
+/// A host of the communicator.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Host {
+    /// Host identity.
+    pub id: String,
+    /// Global ranks on this host, ascending.
+    pub ranks: Vec<usize>,
+}
+
+/// The communicator's topology.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Topology {
+    /// Number of ranks.
+    pub nranks: usize,
+    /// The hosts, ordered by their lowest rank.
+    pub hosts: Vec<Host>,
+    /// For each rank, the index of its host in `hosts`.
+    pub host_of: Vec<usize>,
+    /// For each rank, its index among the ranks of its host.
+    pub local_rank: Vec<usize>,
+    /// This rank's transport to each peer (`None` for itself).
+    pub transports: Vec<Option<TransportKind>>,
+}
+
+impl Topology {
+    /// Groups ranks by host identity.
+    pub fn from_host_ids(ids: &[String]) -> Topology {
+        let n = ids.len();
+        let mut hosts: Vec<Host> = Vec::new();
+        let mut host_of = vec![0; n];
+        let mut local_rank = vec![0; n];
+        for (r, id) in ids.iter().enumerate() {
+            let h = match hosts.iter().position(|h| &h.id == id) {
+                Some(h) => h,
+                None => {
+                    hosts.push(Host {
+                        id: id.clone(),
+                        ranks: Vec::new(),
+                    });
+                    hosts.len() - 1
+                }
+            };
+            local_rank[r] = hosts[h].ranks.len();
+            hosts[h].ranks.push(r);
+            host_of[r] = h;
+        }
+        Topology {
+            nranks: n,
+            hosts,
+            host_of,
+            local_rank,
+            transports: vec![None; n],
+        }
+    }
+
+    /// Number of ranks on `rank`'s host.
+    pub fn local_size(&self, rank: usize) -> usize {
+        self.hosts[self.host_of[rank]].ranks.len()
+    }
+}

@@ -1,0 +1,262 @@
+//! Transports: how bytes get from one rank to another.
+//!
+//! The interface is narrow and non-blocking: the executor hands a link a
+//! [`SendMsg`] or [`RecvMsg`] (a byte range of a buffer that stays valid and
+//! untouched until the message is done) and calls [`Link::send`] /
+//! [`Link::recv`] to make progress; neither ever blocks. Waiting happens in
+//! one place, the executor, with a deadline.
+//!
+//! * [`shm`]: rings in a shared segment, for ranks on one host (processes),
+//!   or in a heap segment for ranks that are threads of one process (the
+//!   `local` transport). Large messages are read straight from the sender's
+//!   buffer.
+//! * [`tcp`]: a socket per peer pair, for ranks on different hosts (or on one
+//!   host with `TUTTI_TRANSPORT=tcp`).
+//!
+//! Every message carries a 16-byte [`Header`] (op sequence number, a tag
+//! fingerprinting the collective and data type, length), so ranks that call
+//! different collectives get an [`Error::Mismatch`] instead of mixed data.
+
+pub(crate) mod shm;
+pub(crate) mod sys;
+pub(crate) mod tcp;
+
+use crate::error::{Error, Result};
+use crate::reduce::{self, DataType, ReduceOp};
+
+/// Bytes of a message header.
+pub(crate) const HEADER_BYTES: usize = 16;
+
+/// The header in front of every message.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct Header {
+    /// Low 32 bits of the op's sequence number on the communicator.
+    pub seq: u32,
+    /// Fingerprint of the collective kind, data type and reduction.
+    pub tag: u16,
+    /// Transport flags.
+    pub flags: u16,
+    /// Payload bytes.
+    pub len: u64,
+}
+
+/// Which transport a link uses (for `tutti topo` and tests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// Threads of one process.
+    Local,
+    /// Processes on one host, shared memory.
+    Shm,
+    /// TCP sockets.
+    Tcp,
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TransportKind::Local => "local",
+            TransportKind::Shm => "shm",
+            TransportKind::Tcp => "tcp",
+        })
+    }
+}
+
+/// A connection to one peer.
+pub(crate) enum Link {
+    /// Shared-memory rings (shm or local).
+    Ring(shm::RingLink, TransportKind),
+    /// A TCP socket.
+    Tcp(tcp::TcpLink),
+}
+
+impl Link {
+    /// Makes progress on an outgoing message.
+    pub(crate) fn send(&mut self, m: &mut SendMsg, cx: &mut StepCx) -> Result<bool> {
+        match self {
+            Link::Ring(l, _) => l.send(m, cx),
+            Link::Tcp(l) => l.send(m, cx),
+        }
+    }
+
+    /// Makes progress on an incoming message.
+    pub(crate) fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool> {
+        match self {
+            Link::Ring(l, _) => l.recv(m, cx),
+            Link::Tcp(l) => l.recv(m, cx),
+        }
+    }
+
+    /// The transport of this link.
+    pub(crate) fn kind(&self) -> TransportKind {
+        match self {
+            Link::Ring(_, k) => *k,
+            Link::Tcp(_) => TransportKind::Tcp,
+        }
+    }
+}
+
+/// An outgoing message in progress.
+pub(crate) struct SendMsg {
+    /// Start of the bytes to send.
+    pub ptr: *const u8,
+    /// Total bytes.
+    pub len: usize,
+    /// Bytes ready to send (less than `len` while a fused step is still receiving them).
+    pub avail: usize,
+    /// Bytes handed to the transport.
+    pub sent: usize,
+    pub header_sent: bool,
+    /// For a direct send: the `acked` count that means the receiver is done.
+    pub direct_target: Option<u64>,
+    pub done: bool,
+}
+
+impl SendMsg {
+    pub(crate) fn new(ptr: *const u8, len: usize, avail: usize) -> Self {
+        SendMsg {
+            ptr,
+            len,
+            avail,
+            sent: 0,
+            header_sent: false,
+            direct_target: None,
+            done: false,
+        }
+    }
+}
+
+/// An incoming message in progress.
+pub(crate) struct RecvMsg {
+    /// Where the payload goes.
+    pub dst: *mut u8,
+    /// For a reducing receive: the local operand (`dst = src (op) payload`).
+    pub reduce_src: Option<*const u8>,
+    /// Total bytes.
+    pub len: usize,
+    /// Bytes delivered to `dst`.
+    pub got: usize,
+    pub header_seen: bool,
+    pub done: bool,
+}
+
+impl RecvMsg {
+    pub(crate) fn new(dst: *mut u8, reduce_src: Option<*const u8>, len: usize) -> Self {
+        RecvMsg {
+            dst,
+            reduce_src,
+            len,
+            got: 0,
+            header_seen: false,
+            done: false,
+        }
+    }
+
+    /// Copies or reduces `k` payload bytes at `src` into place and advances.
+    ///
+    /// # Safety
+    /// `src` must be valid for `k` bytes and must not overlap `dst`;
+    /// `got + k <= len`; for a reduce, `k` is a whole number of elements.
+    pub(crate) unsafe fn deliver(&mut self, src: *const u8, k: usize, cx: &StepCx) {
+        debug_assert!(self.got + k <= self.len);
+        // SAFETY: the message's dst (and reduce_src) are valid for len bytes
+        // (the executor guarantees it) and got + k <= len.
+        unsafe {
+            let d = self.dst.add(self.got);
+            match self.reduce_src {
+                None => std::ptr::copy_nonoverlapping(src, d, k),
+                Some(a) => reduce::reduce(cx.dtype, cx.op, d, a.add(self.got), src, k),
+            }
+        }
+        self.got += k;
+    }
+}
+
+// SAFETY: the raw pointers in messages point into buffers that the op owns
+// for its whole duration; messages move between threads only with their op.
+unsafe impl Send for SendMsg {}
+// SAFETY: as above.
+unsafe impl Send for RecvMsg {}
+
+/// What every message of one op shares: identity (for headers and errors),
+/// the element type and reduction, and scratch space for the transports.
+pub(crate) struct StepCx {
+    pub rank: usize,
+    pub seq: u64,
+    pub tag: u16,
+    pub op_name: &'static str,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub elem: usize,
+    /// Messages at least this long go direct (shm), when their bytes are all ready.
+    pub direct_bytes: usize,
+    /// Bounce buffer for reductions of data that must first be copied in.
+    pub bounce: Vec<u8>,
+}
+
+impl StepCx {
+    /// Checks an incoming header against what this rank expects.
+    pub(crate) fn check_header(&self, h: &Header, len: usize, peer: usize) -> Result<()> {
+        if h.seq != self.seq as u32 || h.tag != self.tag {
+            return Err(Error::Mismatch {
+                rank: self.rank,
+                peer,
+                seq: self.seq,
+                msg: format!(
+                    "this rank runs {} (op #{}, {}), rank {peer} sent a message of {} (op #{}, {})",
+                    self.op_name,
+                    self.seq,
+                    describe_tag(self.tag),
+                    tag_name(h.tag),
+                    h.seq,
+                    describe_tag(h.tag)
+                ),
+            });
+        }
+        if h.len != len as u64 {
+            return Err(Error::Mismatch {
+                rank: self.rank,
+                peer,
+                seq: self.seq,
+                msg: format!(
+                    "{} (op #{}): this rank expects {len} bytes from rank {peer}, which sent {} bytes; do all ranks pass the same count?",
+                    self.op_name, self.seq, h.len
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// A `PeerLost` error for this op.
+    pub(crate) fn lost(&self, peer: usize, msg: String) -> Error {
+        Error::PeerLost {
+            rank: self.rank,
+            peer,
+            op: self.op_name.to_string(),
+            seq: self.seq,
+            msg,
+        }
+    }
+}
+
+/// The tag of an op: collective kind, data type and reduction op in 16 bits.
+pub(crate) fn make_tag(kind: crate::algo::CollKind, dtype: DataType, op: ReduceOp) -> u16 {
+    let k = crate::algo::CollKind::ALL.iter().position(|x| *x == kind).unwrap_or(15) as u16;
+    let d = DataType::ALL.iter().position(|x| *x == dtype).unwrap_or(15) as u16;
+    let o = ReduceOp::ALL.iter().position(|x| *x == op).unwrap_or(15) as u16;
+    (k << 8) | (d << 4) | o
+}
+
+fn tag_name(tag: u16) -> &'static str {
+    crate::algo::CollKind::ALL
+        .get((tag >> 8) as usize)
+        .map(|k| k.name())
+        .unwrap_or("?")
+}
+
+fn describe_tag(tag: u16) -> String {
+    let d = DataType::ALL.get(((tag >> 4) & 15) as usize).map(|d| d.name()).unwrap_or("?");
+    let o = ReduceOp::ALL.get((tag & 15) as usize).map(|o| o.name()).unwrap_or("?");
+    format!("dtype {d}, op {o}")
+}

@@ -1,0 +1,493 @@
+//! Shared-memory rings: the `shm` transport (processes on one host) and, over
+//! a heap segment instead of a shared file, the `local` transport (threads of
+//! one process).
+//!
+//! # Segment layout
+//!
+//! One segment per host (or per process for `local`) holds, for L local
+//! ranks:
+//!
+//! ```text
+//! [ SegHeader | Doorbell x L | RingCtl x L*L | ring data x L*L (cap bytes each) ]
+//! ```
+//!
+//! Ring (i, j) carries bytes from local rank i to local rank j. Its
+//! `RingCtl` holds three cache-padded counters: `head` (bytes ever written,
+//! stored only by i), `tail` (bytes ever consumed, stored only by j) and
+//! `acked` (direct-read messages j has finished, stored only by j).
+//!
+//! # Messages
+//!
+//! Every message starts with a 16-byte [`Header`]; its payload follows and is
+//! padded to 16 bytes, so every message starts 16-aligned and no element
+//! straddles the ring's wrap point. A large message whose bytes are all ready
+//! is sent *direct*: the header is followed by the sender's pid and buffer
+//! address, the receiver copies (or reduces) straight from the sender's
+//! memory — `memcpy` for threads, `process_vm_readv` for processes — and
+//! bumps `acked`. Each byte then crosses memory once instead of twice.
+//!
+//! # Waiting
+//!
+//! A rank with nothing to do spins briefly, then sleeps on the futex in its
+//! [`Doorbell`]. Whoever changes a counter the sleeper may be waiting for
+//! calls [`notify`]: a SeqCst fence, then a wake only if the doorbell says
+//! somebody sleeps. The sleeper announces itself, re-checks its work, and
+//! only then sleeps on the sequence number it read, so no wake-up is lost.
+
+use super::sys;
+use super::{Header, RecvMsg, SendMsg, StepCx, HEADER_BYTES};
+use crate::error::{Error, Result};
+use crossbeam_utils::CachePadded;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Flag in [`Header::flags`]: the payload is a direct-read descriptor.
+const FLAG_DIRECT: u16 = 1;
+/// Bytes of a direct-read descriptor (pid, address).
+const DESC_BYTES: usize = 16;
+
+/// A per-rank wake-up word.
+#[repr(C)]
+pub(crate) struct Doorbell {
+    /// Bumped by notifiers when somebody sleeps; the futex word.
+    seq: AtomicU32,
+    /// Number of threads of this rank that are, or are about to be, asleep.
+    sleepers: AtomicU32,
+    /// Set when the owning rank's communicator is aborted.
+    pub(crate) aborted: AtomicU32,
+}
+
+#[repr(C)]
+struct RingCtl {
+    head: CachePadded<AtomicU64>,
+    tail: CachePadded<AtomicU64>,
+    acked: CachePadded<AtomicU64>,
+}
+
+#[repr(C)]
+struct SegHeader {
+    magic: AtomicU64,
+    locals: AtomicU64,
+    cap: AtomicU64,
+}
+
+const MAGIC: u64 = 0x7475_7474_6973_6d31; // "tuttism1"
+
+/// Sizes and offsets of the parts of a segment.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout {
+    pub(crate) locals: usize,
+    pub(crate) cap: usize,
+    bells: usize,
+    ctls: usize,
+    data: usize,
+    pub(crate) total: usize,
+}
+
+impl Layout {
+    pub(crate) fn new(locals: usize, cap: usize) -> Self {
+        assert!(cap.is_power_of_two() && cap >= 4096);
+        let pad = |x: usize| x.div_ceil(128) * 128;
+        let bells = pad(std::mem::size_of::<SegHeader>());
+        let ctls = bells + pad(locals * std::mem::size_of::<CachePadded<Doorbell>>());
+        let data = pad(ctls + locals * locals * std::mem::size_of::<RingCtl>()).div_ceil(4096) * 4096;
+        let total = data + locals * locals * cap;
+        Layout {
+            locals,
+            cap,
+            bells,
+            ctls,
+            data,
+            total,
+        }
+    }
+}
+
+/// Where a segment's memory comes from.
+enum Backing {
+    /// Heap memory, for ranks that are threads of one process.
+    Heap(std::alloc::Layout),
+    /// A shared mapping of a file in /dev/shm.
+    Mmap,
+}
+
+/// A mapped segment. Shared by the links that use it; unmapped on drop.
+pub(crate) struct Segment {
+    base: *mut u8,
+    layout: Layout,
+    backing: Backing,
+}
+
+// SAFETY: the segment is plain memory accessed only through atomics (the
+// counters) or under the ring protocol (each data byte is owned by exactly one
+// side at a time, handed over by Release/Acquire on head/tail).
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// A zeroed heap segment for `locals` thread-ranks.
+    pub(crate) fn heap(locals: usize, cap: usize) -> Arc<Segment> {
+        let layout = Layout::new(locals, cap);
+        let al = std::alloc::Layout::from_size_align(layout.total, 4096).expect("segment layout");
+        // SAFETY: the layout has non-zero size (at least one header page).
+        let base = unsafe { std::alloc::alloc_zeroed(al) };
+        assert!(!base.is_null(), "out of memory allocating a {} byte segment", layout.total);
+        let seg = Segment {
+            base,
+            layout,
+            backing: Backing::Heap(al),
+        };
+        seg.init();
+        Arc::new(seg)
+    }
+
+    /// Maps the shared file `fd` (already sized to `layout.total`).
+    pub(crate) fn map(fd: i32, layout: Layout, create: bool) -> Result<Arc<Segment>> {
+        // SAFETY: mapping a file we own with a length it has; the kernel
+        // picks the address. The result is checked for MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                layout.total,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::io("mmap of the shared-memory segment", std::io::Error::last_os_error()));
+        }
+        let seg = Segment {
+            base: p as *mut u8,
+            layout,
+            backing: Backing::Mmap,
+        };
+        if create {
+            seg.init();
+        } else {
+            let h = seg.header();
+            if h.magic.load(Ordering::Acquire) != MAGIC
+                || h.locals.load(Ordering::Relaxed) as usize != layout.locals
+                || h.cap.load(Ordering::Relaxed) as usize != layout.cap
+            {
+                return Err(Error::Config(
+                    "shared-memory segment has an unexpected layout: are all ranks running the same tutti version?".into(),
+                ));
+            }
+        }
+        Ok(Arc::new(seg))
+    }
+
+    fn init(&self) {
+        let h = self.header();
+        h.locals.store(self.layout.locals as u64, Ordering::Relaxed);
+        h.cap.store(self.layout.cap as u64, Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Release);
+    }
+
+    fn header(&self) -> &SegHeader {
+        // SAFETY: the segment starts with a SegHeader (Layout puts it at 0);
+        // the memory is zero-initialised or initialised by `init`, and all
+        // fields are atomics.
+        unsafe { &*(self.base as *const SegHeader) }
+    }
+
+    /// Local rank `i`'s doorbell.
+    pub(crate) fn bell(&self, i: usize) -> &Doorbell {
+        assert!(i < self.layout.locals);
+        // SAFETY: the doorbell array lies at `bells` with `locals` padded
+        // entries inside the mapping; atomics are valid when zeroed.
+        unsafe {
+            &*(self.base.add(self.layout.bells) as *const CachePadded<Doorbell>).add(i)
+        }
+    }
+
+    fn ctl(&self, from: usize, to: usize) -> &RingCtl {
+        let l = self.layout.locals;
+        assert!(from < l && to < l);
+        // SAFETY: the RingCtl array lies at `ctls` with locals*locals entries.
+        unsafe { &*(self.base.add(self.layout.ctls) as *const RingCtl).add(from * l + to) }
+    }
+
+    fn data(&self, from: usize, to: usize) -> *mut u8 {
+        let l = self.layout.locals;
+        // SAFETY: ring data lies at `data`, cap bytes per ordered pair, all
+        // inside the mapping of `total` bytes.
+        unsafe { self.base.add(self.layout.data + (from * l + to) * self.layout.cap) }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        match self.backing {
+            // SAFETY: allocated in `heap` with exactly this layout.
+            Backing::Heap(al) => unsafe { std::alloc::dealloc(self.base, al) },
+            // SAFETY: mapped in `map` with this length; no reference into the
+            // segment outlives it (links hold an Arc<Segment>).
+            Backing::Mmap => unsafe {
+                libc::munmap(self.base as *mut libc::c_void, self.layout.total);
+            },
+        }
+    }
+}
+
+/// Wakes local rank `who` if it sleeps.
+#[inline]
+fn notify(bell: &Doorbell) {
+    fence(Ordering::SeqCst);
+    if bell.sleepers.load(Ordering::Relaxed) != 0 {
+        bell.seq.fetch_add(1, Ordering::SeqCst);
+        sys::futex_wake_all(&bell.seq);
+    }
+}
+
+/// How a receiver reads a direct message from the sender's memory.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum DirectRead {
+    /// Same address space: plain memory access.
+    Memcpy,
+    /// Another process: `process_vm_readv`.
+    Cma,
+}
+
+/// One peer's pair of rings: ours to it and its to us.
+pub(crate) struct RingLink {
+    seg: Arc<Segment>,
+    me: usize,
+    peer: usize,
+    direct: DirectRead,
+    /// Direct messages this side has sent (the `acked` target).
+    direct_sent: u64,
+}
+
+impl RingLink {
+    pub(crate) fn new(seg: Arc<Segment>, me: usize, peer: usize, direct: DirectRead) -> Self {
+        RingLink {
+            seg,
+            me,
+            peer,
+            direct,
+            direct_sent: 0,
+        }
+    }
+
+    /// Pushes as much of `m` as the ring takes. Returns whether anything moved.
+    pub(crate) fn send(&mut self, m: &mut SendMsg, cx: &StepCx) -> Result<bool> {
+        let seg = &*self.seg;
+        let cap = seg.layout.cap as u64;
+        let ctl = seg.ctl(self.me, self.peer);
+        let data = seg.data(self.me, self.peer);
+        let head = ctl.head.load(Ordering::Relaxed);
+        let tail = ctl.tail.load(Ordering::Acquire);
+        let free = cap - (head - tail);
+        if let Some(target) = m.direct_target {
+            // Waiting for the receiver to finish reading our buffer.
+            if ctl.acked.load(Ordering::Acquire) >= target {
+                m.done = true;
+                return Ok(true);
+            }
+            return Ok(false);
+        }
+        let mut h = head;
+        if !m.header_sent {
+            let direct = m.len >= cx.direct_bytes && m.avail == m.len && m.len > 0;
+            let need = HEADER_BYTES as u64 + if direct { DESC_BYTES as u64 } else { 0 };
+            if free < need {
+                return Ok(false);
+            }
+            let hdr = Header {
+                seq: cx.seq as u32,
+                tag: cx.tag,
+                flags: if direct { FLAG_DIRECT } else { 0 },
+                len: m.len as u64,
+            };
+            // SAFETY: [h, h+need) is free space owned by the writer (free >=
+            // need), 16-aligned and not wrapping (cap is a multiple of 16 and
+            // every message is padded to 16).
+            unsafe {
+                let at = data.add((h % cap) as usize);
+                std::ptr::copy_nonoverlapping(bytemuck::bytes_of(&hdr).as_ptr(), at, HEADER_BYTES);
+                if direct {
+                    let desc = [sys::pid() as u64, m.ptr as u64];
+                    std::ptr::copy_nonoverlapping(desc.as_ptr() as *const u8, at.add(HEADER_BYTES), DESC_BYTES);
+                }
+            }
+            h += need;
+            m.header_sent = true;
+            if direct {
+                self.direct_sent += 1;
+                m.direct_target = Some(self.direct_sent);
+                m.sent = m.len;
+                ctl.head.store(h, Ordering::Release);
+                notify(seg.bell(self.peer));
+                return Ok(true);
+            }
+        }
+        let padded = m.len.div_ceil(16) * 16;
+        loop {
+            let free = cap - (h - tail);
+            if m.sent < m.avail && free > 0 {
+                let off = (h % cap) as usize;
+                let contiguous = (cap as usize - off).min(free as usize);
+                let k = (m.avail - m.sent).min(contiguous);
+                // SAFETY: [off, off+k) lies inside the ring and is free space
+                // owned by the writer; m.ptr+sent..+k lies in the caller's
+                // buffer, whose first `avail` bytes are ready to read.
+                unsafe { std::ptr::copy_nonoverlapping(m.ptr.add(m.sent), data.add(off), k) };
+                m.sent += k;
+                h += k as u64;
+                continue;
+            }
+            if m.sent == m.len {
+                let pad = (padded - m.len) as u64;
+                if free >= pad {
+                    h += pad;
+                    m.done = true;
+                }
+            }
+            break;
+        }
+        if h != head {
+            ctl.head.store(h, Ordering::Release);
+            notify(seg.bell(self.peer));
+            return Ok(true);
+        }
+        Ok(m.done)
+    }
+
+    /// Takes as much of `m` as has arrived. Returns whether anything moved.
+    pub(crate) fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool> {
+        let seg = &*self.seg;
+        let cap = seg.layout.cap as u64;
+        let ctl = seg.ctl(self.peer, self.me);
+        let data = seg.data(self.peer, self.me);
+        let tail = ctl.tail.load(Ordering::Relaxed);
+        let head = ctl.head.load(Ordering::Acquire);
+        let mut t = tail;
+        if !m.header_seen {
+            if head - t < HEADER_BYTES as u64 {
+                return Ok(false);
+            }
+            let mut hdr = Header::default();
+            // SAFETY: 16 published bytes at t (16-aligned, not wrapping).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    data.add((t % cap) as usize),
+                    bytemuck::bytes_of_mut(&mut hdr).as_mut_ptr(),
+                    HEADER_BYTES,
+                )
+            };
+            cx.check_header(&hdr, m.len, self.peer)?;
+            if hdr.flags & FLAG_DIRECT != 0 {
+                if head - t < (HEADER_BYTES + DESC_BYTES) as u64 {
+                    return Ok(false);
+                }
+                let mut desc = [0u64; 2];
+                // SAFETY: the descriptor was published with the header.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        data.add(((t + HEADER_BYTES as u64) % cap) as usize),
+                        desc.as_mut_ptr() as *mut u8,
+                        DESC_BYTES,
+                    )
+                };
+                ctl.tail.store(t + (HEADER_BYTES + DESC_BYTES) as u64, Ordering::Release);
+                self.read_direct(m, cx, desc[0] as i32, desc[1])?;
+                ctl.acked.fetch_add(1, Ordering::Release);
+                notify(seg.bell(self.peer));
+                return Ok(true);
+            }
+            t += HEADER_BYTES as u64;
+            m.header_seen = true;
+        }
+        let padded = m.len.div_ceil(16) * 16;
+        let esz = cx.elem;
+        loop {
+            let avail = head - t;
+            if m.got < m.len && avail > 0 {
+                let off = (t % cap) as usize;
+                let contiguous = (cap as usize - off).min(avail as usize);
+                let mut k = (m.len - m.got).min(contiguous);
+                if m.reduce_src.is_some() {
+                    k -= k % esz;
+                    if k == 0 {
+                        break;
+                    }
+                }
+                // SAFETY: [off, off+k) holds published bytes owned by the
+                // reader; the destination range lies in the caller's buffer.
+                unsafe { m.deliver(data.add(off), k, cx) };
+                t += k as u64;
+                continue;
+            }
+            if m.got == m.len {
+                let pad = (padded - m.len) as u64;
+                if head - t >= pad {
+                    t += pad;
+                    m.done = true;
+                }
+            }
+            break;
+        }
+        if t != tail {
+            ctl.tail.store(t, Ordering::Release);
+            notify(seg.bell(self.peer));
+            return Ok(true);
+        }
+        Ok(m.done)
+    }
+
+    fn read_direct(&self, m: &mut RecvMsg, cx: &mut StepCx, pid: i32, addr: u64) -> Result<()> {
+        match self.direct {
+            DirectRead::Memcpy => {
+                // SAFETY: the sender is a thread of this process and keeps its
+                // buffer alive and unchanged until we bump `acked`.
+                unsafe { m.deliver(addr as *const u8, m.len, cx) };
+            }
+            DirectRead::Cma => {
+                let bounce = cx.bounce.len();
+                while m.got < m.len {
+                    let k = (m.len - m.got).min(bounce);
+                    if m.reduce_src.is_none() {
+                        // SAFETY: dst+got..+k lies in the caller's buffer.
+                        unsafe { sys::process_read(pid, addr + m.got as u64, m.dst.add(m.got), k) }
+                            .map_err(|e| cx.lost(self.peer, format!("process_vm_readv: {e}")))?;
+                        m.got += k;
+                    } else {
+                        let b = cx.bounce.as_mut_ptr();
+                        // SAFETY: the bounce buffer holds at least k bytes.
+                        unsafe { sys::process_read(pid, addr + m.got as u64, b, k) }
+                            .map_err(|e| cx.lost(self.peer, format!("process_vm_readv: {e}")))?;
+                        // SAFETY: b..b+k was just filled; deliver writes to the
+                        // caller's buffer. The bounce buffer is not aliased by dst.
+                        unsafe { m.deliver(b, k, cx) };
+                    }
+                }
+            }
+        }
+        m.done = true;
+        Ok(())
+    }
+
+}
+
+/// Sleeps on `bell` until notified or `timeout` passes, unless `still_idle`
+/// (re-run after announcing ourselves) finds work.
+pub(crate) fn sleep_on(bell: &Doorbell, timeout: Duration, still_idle: impl FnOnce() -> bool) {
+    bell.sleepers.fetch_add(1, Ordering::SeqCst);
+    let s = bell.seq.load(Ordering::SeqCst);
+    if still_idle() && bell.aborted.load(Ordering::Relaxed) == 0 {
+        sys::futex_wait(&bell.seq, s, timeout);
+    }
+    bell.sleepers.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Marks a rank aborted and wakes its sleepers.
+pub(crate) fn abort_wake(bell: &Doorbell) {
+    bell.aborted.store(1, Ordering::SeqCst);
+    bell.seq.fetch_add(1, Ordering::SeqCst);
+    sys::futex_wake_all(&bell.seq);
+}

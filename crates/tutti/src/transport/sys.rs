@@ -1,0 +1,93 @@
+//! Thin wrappers over the few system calls the transports need (futex,
+//! process_vm_readv, liveness). Every libc call goes through here.
+
+use std::io;
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+/// Sleeps while `*word == expected`, for at most `timeout`.
+/// Returns early on a wake, a signal, or if the value already differs.
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a valid, aligned 32-bit atomic for the duration of the
+    // call (it lives in a mapping the caller keeps alive); the timespec is a
+    // valid relative timeout; the unused arguments are ignored by FUTEX_WAIT.
+    // Errors (EAGAIN, EINTR, ETIMEDOUT) all mean "go and look again".
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// Wakes every thread sleeping on `word`.
+pub(crate) fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: as in `futex_wait`; FUTEX_WAKE only reads the address.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// Reads `len` bytes at address `remote` of process `pid` into `local`
+/// (cross-memory attach). Loops over short reads.
+///
+/// # Safety
+/// `local` must be valid for writes of `len` bytes.
+pub(crate) unsafe fn process_read(pid: i32, remote: u64, local: *mut u8, len: usize) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let l = libc::iovec {
+            // SAFETY: done < len and the caller guarantees local..local+len.
+            iov_base: unsafe { local.add(done) } as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        let r = libc::iovec {
+            iov_base: (remote as usize + done) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        // SAFETY: both iovecs describe valid ranges (the remote one is checked
+        // by the kernel, which returns EFAULT for bad addresses).
+        let n = unsafe { libc::process_vm_readv(pid, &l, 1, &r, 1, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "process_vm_readv read 0 bytes"));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// True if process `pid` exists (it may be a zombie).
+pub(crate) fn process_alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks existence and permission.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// This process's id.
+pub(crate) fn pid() -> i32 {
+    std::process::id() as i32
+}
