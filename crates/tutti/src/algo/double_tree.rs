@@ -65,12 +65,13 @@ fn nodes(m: usize, u: usize, real: impl Fn(usize) -> usize, above: Option<usize>
     [node(u, &|x| x), node(to1(u), &from1)]
 }
 
-/// The root's node in each tree when it hangs above both: one child, the top.
+/// The root's node in each tree when it hangs above both trees over `m`
+/// members: one child, the tree's top (none when `m == 0`).
 fn root_nodes(m: usize, real: impl Fn(usize) -> usize) -> [Node; 2] {
-    let top1 = if m % 2 == 0 { m - 1 } else { 1 % m };
+    let top1 = if m % 2 == 0 { m.max(1) - 1 } else { 1 % m };
     [0, top1].map(|u| Node {
         parent: None,
-        children: vec![real(u)],
+        children: (m > 0).then(|| real(u)).into_iter().collect(),
     })
 }
 
