@@ -24,7 +24,7 @@ pub enum TransportChoice {
 /// | `TUTTI_ALGO` | [`algo`](Config::algo) | auto |
 /// | `TUTTI_SHM_RING_BYTES` | [`ring_bytes`](Config::ring_bytes) | 512 KiB |
 /// | `TUTTI_SHM_DIRECT_BYTES` | [`direct_bytes`](Config::direct_bytes) | 256 KiB |
-/// | `TUTTI_SPIN` | [`spin`](Config::spin) | 2000, or 50 when ranks outnumber cores |
+/// | `TUTTI_SPIN_US` | [`spin`](Config::spin) | 500 us, or 50 us (yielding) when ranks outnumber cores |
 /// | `TUTTI_SOCKET_IFNAME` | [`socket_ifname`](Config::socket_ifname) | any |
 /// | `TUTTI_HOST_ID` | [`host_id`](Config::host_id) | hostname + boot id + network namespace |
 #[derive(Clone, Debug)]
@@ -41,8 +41,8 @@ pub struct Config {
     pub ring_bytes: usize,
     /// Shared-memory messages at least this large are read directly from the sender's buffer.
     pub direct_bytes: usize,
-    /// Idle polls to spin before yielding and sleeping; `None` picks automatically.
-    pub spin: Option<u32>,
+    /// How long a waiting op polls before it sleeps; `None` picks automatically.
+    pub spin: Option<Duration>,
     /// Network interface selection (NCCL syntax: `eth0`, `^lo`, `=eth0`).
     pub socket_ifname: Option<String>,
     /// Explicit host identity (ranks with the same id use shared memory).
@@ -132,27 +132,28 @@ impl Config {
         if let Some(v) = var("TUTTI_SHM_DIRECT_BYTES") {
             c.direct_bytes = bytes("TUTTI_SHM_DIRECT_BYTES", &v)?;
         }
-        if let Some(v) = var("TUTTI_SPIN") {
-            c.spin = Some(
-                v.trim()
-                    .parse()
-                    .map_err(|_| Error::Config(format!("TUTTI_SPIN={v:?} is not a count")))?,
-            );
+        if let Some(v) = var("TUTTI_SPIN_US") {
+            let us: u64 = v
+                .trim()
+                .parse()
+                .map_err(|_| Error::Config(format!("TUTTI_SPIN_US={v:?} is not a number of microseconds")))?;
+            c.spin = Some(Duration::from_micros(us));
         }
         c.socket_ifname = var("TUTTI_SOCKET_IFNAME");
         c.host_id = var("TUTTI_HOST_ID");
         Ok(c)
     }
 
-    /// The spin count for `ranks_here` ranks sharing this host's cores.
-    pub(crate) fn spin_for(&self, ranks_here: usize) -> u32 {
-        self.spin.unwrap_or_else(|| {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            if ranks_here > cores {
-                50
-            } else {
-                2000
-            }
-        })
+    /// How waiting ops poll when `ranks_here` ranks share this host's cores:
+    /// (how long before sleeping, whether to yield the core while polling).
+    pub(crate) fn spin_for(&self, ranks_here: usize) -> (Duration, bool) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let over = ranks_here > cores;
+        let d = self.spin.unwrap_or(if over {
+            Duration::from_micros(50)
+        } else {
+            Duration::from_micros(500)
+        });
+        (d, over)
     }
 }

@@ -20,14 +20,18 @@
 //! ```
 //!
 //! * **AllReduce**: members are all ranks. Each half is cut into
-//!   `Problem::chunks` pieces and reduced up its tree into Output then
-//!   broadcast down (fused `RecvReduceSend` / `RecvCopySend`, the root turning
-//!   the last reduction straight around). Steps are ordered by (chunk, tree,
-//!   phase) on every rank, so the per-peer message order agrees even when two
-//!   ranks are linked in both trees. Each rank sends at most `2S` (`S/2` up
-//!   and `2 * S/2` down where it is inner, `S/2` up where it is a leaf), like
-//!   the ring's `2(n-1)/n * S`, but in `2 * depth ~ 2 log2 n` latency steps
-//!   instead of `2(n-1)`.
+//!   `Problem::chunks` pieces, reduced up its tree into Output (fused
+//!   `RecvReduceSend`) and broadcast down (fused `RecvCopySend`). Two ranks
+//!   may be linked in both trees, and messages between two ranks are matched
+//!   in order, so every rank sorts its steps by the same key (slot, phase,
+//!   tree): the reduce-up of chunk k has slot k, the broadcast-down of chunk
+//!   k has slot `k + 2 * bits(n)`, about a round trip later, so a shared link
+//!   carries the up of a later chunk beside the down of an earlier one
+//!   instead of waiting for each chunk's round trip (the roots therefore
+//!   receive and send in two steps rather than one fused step). Each rank
+//!   sends at most `2S` (`S/2` up and `2 * S/2` down where it is inner, `S/2`
+//!   up where it is a leaf), like the ring's `2(n-1)/n * S`, but in
+//!   `2 * depth ~ 2 log2 n` latency steps instead of `2(n-1)`.
 //! * **Broadcast / Reduce**: the root sits above two trees over the other
 //!   `n-1` ranks and sends (receives) one half to (from) each tree's top.
 //!   The root sends (receives) `S`, other ranks send about `S`, in about
@@ -41,8 +45,7 @@
 //! shape, and every other rank receives a copy of the result.
 
 use super::tree::{btree, chunk_ranges, down, up, Node};
-use super::{block, Buf, Collective, Loc, Problem, Step};
-use std::ops::Range;
+use super::{block, Buf, Collective, Problem, Step};
 
 /// This member's nodes in the two trees over `m` members, where member `u`
 /// is real rank `real(u)` and the trees' roots hang below `above` (if any).
@@ -75,80 +78,58 @@ fn root_nodes(m: usize, real: impl Fn(usize) -> usize) -> [Node; 2] {
     })
 }
 
-/// Each half of `0..c`, cut into chunks.
-fn halves(c: usize, chunks: usize) -> [Vec<Range<usize>>; 2] {
-    [0, 1].map(|t| {
-        let h = block(c, 2, t);
-        chunk_ranges(h.start, h.len(), chunks)
-    })
-}
-
 /// Builds the double-tree schedule, or `None` for collectives it does not do.
 pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
     let (n, r, c) = (p.nranks, p.rank, p.count);
-    let mut s = Vec::new();
-    let hs = halves(c, p.chunks);
-    let kmax = hs[0].len().max(hs[1].len());
-    // Visits every (chunk, tree) in the one order all ranks share.
-    let mut each = |f: &mut dyn FnMut(&mut Vec<Step>, usize, &Range<usize>)| {
-        for k in 0..kmax {
-            for (t, h) in hs.iter().enumerate() {
-                if let Some(rg) = h.get(k) {
-                    f(&mut s, t, rg);
-                }
-            }
-        }
-    };
-    match p.coll {
-        Collective::AllReduce => {
-            if n == 1 {
-                if !p.in_place {
-                    each(&mut |s, _, rg| {
-                        s.push(Step::Copy {
-                            src: Loc::input(rg.start),
-                            dst: Loc::output(rg.start),
-                            len: rg.len(),
-                        })
-                    });
-                }
-            } else {
-                let tr = nodes(n, r, |x| x, None);
-                each(&mut |s, t, rg| {
-                    let skip = up(s, &tr[t], rg, Buf::Output, true);
-                    down(s, &tr[t], rg, skip);
-                });
-            }
-        }
+    let bits = (usize::BITS - n.leading_zeros()) as usize;
+    let (tr, lag) = match p.coll {
+        Collective::AllReduce if n == 1 && p.in_place => return Some(Vec::new()),
+        // The broadcast-down of chunk k shares links with the reduce-up of
+        // chunk k + lag: about one round trip through the trees later.
+        Collective::AllReduce => (nodes(n, r, |x| x, None), 2 * bits),
         Collective::Broadcast { root } | Collective::Reduce { root } => {
-            let m = n - 1;
             let real = |u: usize| (u + root + 1) % n;
             let tr = if r == root {
-                root_nodes(m, real)
+                root_nodes(n - 1, real)
             } else {
-                nodes(m, (r + n - root - 1) % n, real, Some(root))
+                nodes(n - 1, (r + n - root - 1) % n, real, Some(root))
             };
-            if matches!(p.coll, Collective::Broadcast { .. }) {
-                if n > 1 {
-                    each(&mut |s, t, rg| down(s, &tr[t], rg, None));
-                }
-            } else if n == 1 {
-                each(&mut |s, _, rg| {
-                    s.push(Step::Copy {
-                        src: Loc::input(rg.start),
-                        dst: Loc::output(rg.start),
-                        len: rg.len(),
-                    })
-                });
-            } else {
-                let acc = if r == root { Buf::Output } else { Buf::Scratch };
-                each(&mut |s, t, rg| {
-                    up(s, &tr[t], rg, acc, false);
-                });
-            }
+            (tr, 0)
         }
         _ => return None,
+    };
+    let acc = match p.coll.root() {
+        Some(root) if root != r => Buf::Scratch,
+        _ => Buf::Output,
+    };
+    let (goes_up, goes_down) = match p.coll {
+        Collective::Broadcast { .. } => (false, true),
+        Collective::Reduce { .. } => (true, false),
+        _ => (true, true),
+    };
+    // Steps keyed by (slot, phase, tree): sorted alike on every rank, so any
+    // two ranks see the messages between them in the same order.
+    let mut items: Vec<((usize, usize, usize), Vec<Step>)> = Vec::new();
+    for (t, node) in tr.iter().enumerate() {
+        let half = block(c, 2, t);
+        for (k, rg) in chunk_ranges(half.start, half.len(), p.chunks)
+            .iter()
+            .enumerate()
+        {
+            if goes_up {
+                let mut s = Vec::new();
+                up(&mut s, node, rg, acc, false);
+                items.push(((k, 0, t), s));
+            }
+            if goes_down {
+                let mut s = Vec::new();
+                down(&mut s, node, rg, None);
+                items.push(((k + lag, 1, t), s));
+            }
+        }
     }
-    Some(s)
+    items.sort_by_key(|i| i.0);
+    Some(items.into_iter().flat_map(|i| i.1).collect())
 }
 
 #[cfg(test)]

@@ -336,27 +336,27 @@ pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, Verify
     loop {
         let mut progress = false;
         // Local steps.
-        for r in 0..n {
-            for i in 0..st[r].sched.steps.len() {
-                if st[r].done[i] || !st[r].ready(i) {
+        for (r, sr) in st.iter_mut().enumerate() {
+            for i in 0..sr.sched.steps.len() {
+                if sr.done[i] || !sr.ready(i) {
                     continue;
                 }
-                let step = st[r].sched.steps[i];
+                let step = sr.sched.steps[i];
                 match step {
                     Step::Copy { src, dst, len } => {
-                        let d = st[r].read(r, i, src, len)?;
-                        st[r].write(r, i, dst, &d)?;
+                        let d = sr.read(r, i, src, len)?;
+                        sr.write(r, i, dst, &d)?;
                     }
                     Step::Reduce { src, dst, len } => {
-                        let a = st[r].read(r, i, dst, len)?;
-                        let b = st[r].read(r, i, src, len)?;
+                        let a = sr.read(r, i, dst, len)?;
+                        let b = sr.read(r, i, src, len)?;
                         let d = combine(r, i, &a, &b)?;
-                        st[r].write(r, i, dst, &d)?;
+                        sr.write(r, i, dst, &d)?;
                     }
                     Step::Fence => {}
                     _ => continue,
                 }
-                st[r].done[i] = true;
+                sr.done[i] = true;
                 progress = true;
             }
         }

@@ -226,12 +226,55 @@ impl EnvInfo {
     }
 }
 
-/// What rendezvous hands to the communicator.
-pub(crate) struct Joined {
+/// A way for the ranks being connected to swap small messages: the store
+/// (first set-up) or the parent communicator (split).
+pub(crate) trait Exchange {
+    /// Every participant contributes `mine`; returns all contributions in
+    /// participant order. Every participant must call it the same number of times.
+    fn allgather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
+    /// Waits until every participant has arrived.
+    fn barrier(&mut self) -> Result<()>;
+}
+
+/// [`Exchange`] through the store: round k puts `x{k}/{rank}` and reads everybody's.
+pub(crate) struct StoreExchange<'a> {
+    pub client: &'a mut StoreClient,
+    pub rank: usize,
+    pub n: usize,
+    pub round: u32,
+    pub deadline: Instant,
+}
+
+impl Exchange for StoreExchange<'_> {
+    fn allgather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let k = self.round;
+        self.round += 1;
+        self.client.put(&format!("x{k}/{}", self.rank), mine, self.deadline)?;
+        (0..self.n)
+            .map(|r| self.client.get(&format!("x{k}/{r}"), self.deadline))
+            .collect()
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        let k = self.round;
+        self.round += 1;
+        self.client.barrier(&format!("b{k}"), self.n, self.deadline)
+    }
+}
+
+/// The transports of a connected group.
+pub(crate) struct Connected {
     pub links: Vec<Option<Link>>,
     pub peer_pids: Vec<Option<i32>>,
     pub topo: Topology,
     pub segment: Option<(Arc<Segment>, usize)>,
+}
+
+/// What rendezvous hands to the communicator.
+pub(crate) struct Joined {
+    pub conn: Connected,
+    /// The address other ranks reach this one at.
+    pub ip: IpAddr,
     pub server: Option<StoreServer>,
     pub client: StoreClient,
 }
@@ -275,28 +318,83 @@ pub(crate) fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, cfg: &Config
         _ => id.addr,
     };
     let mut client = StoreClient::connect(target, id.token, rank, deadline)?;
+    // Our peer listener goes on an address that reaches the master (or the chosen interface).
+    let my_ip = client.local_addr().map(|a| a.ip()).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let members: Vec<usize> = (0..nranks).collect();
+    let conn = {
+        let mut ex = StoreExchange {
+            client: &mut client,
+            rank,
+            n: nranks,
+            round: 0,
+            deadline,
+        };
+        connect(&mut ex, rank, Some(&members), cfg, id.token, my_ip, deadline)?
+            .ok_or_else(|| boot("internal: rank missing from its own group".into()))?
+    };
+    Ok(Joined {
+        conn,
+        server,
+        client,
+        ip: my_ip,
+    })
+}
 
-    // Our peer listener, on an address that reaches the master (or the chosen interface).
-    let my_ip = match &cfg.socket_ifname {
+/// The address this process's peer listener should use.
+fn listen_ip(cfg: &Config, default: IpAddr) -> Result<IpAddr> {
+    match &cfg.socket_ifname {
         Some(spec) => topo::iface::pick(spec)?.ok_or_else(|| {
             Error::Config(format!("TUTTI_SOCKET_IFNAME={spec:?} matches no interface with an IPv4 address"))
-        })?,
-        None => client.local_addr().map(|a| a.ip()).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        }),
+        None => Ok(default),
+    }
+}
+
+/// Connects a group. `me` is this process's index in the exchange;
+/// `members` lists the exchange indices of its group in new-rank order
+/// (`None`: this process joins no group but must still take part in every
+/// exchange round). Ranks on one host share a segment; others use TCP.
+pub(crate) fn connect(
+    ex: &mut dyn Exchange,
+    me: usize,
+    members: Option<&[usize]>,
+    cfg: &Config,
+    token: [u8; 16],
+    default_ip: IpAddr,
+    deadline: Instant,
+) -> Result<Option<Connected>> {
+    let boot = |msg: String| Error::Bootstrap { rank: me, msg };
+    let my_rank = members.and_then(|m| m.iter().position(|&x| x == me));
+    let nranks = members.map_or(0, |m| m.len());
+    // Round 1: who is where.
+    let listener = match my_rank {
+        Some(_) => {
+            let ip = listen_ip(cfg, default_ip)?;
+            Some(TcpListener::bind((ip, 0)).map_err(|e| boot(format!("cannot listen for peers on {ip}: {e}")))?)
+        }
+        None => None,
     };
-    let listener = TcpListener::bind((my_ip, 0)).map_err(|e| boot(format!("cannot listen for peers on {my_ip}: {e}")))?;
-    let my_addr = listener.local_addr().map_err(|e| Error::io("peer listener", e))?;
-    let host = topo::host_id(cfg.host_id.as_deref());
-    let info = RankInfo {
-        host,
-        pid: sys::pid(),
-        addr: my_addr,
-        nranks,
+    let mine = match &listener {
+        Some(l) => serde_json::to_vec(&RankInfo {
+            host: topo::host_id(cfg.host_id.as_deref()),
+            pid: sys::pid(),
+            addr: l.local_addr().map_err(|e| Error::io("peer listener", e))?,
+            nranks,
+        })
+        .expect("serialise"),
+        None => Vec::new(),
     };
-    client.put(&format!("rank/{rank}"), &serde_json::to_vec(&info).expect("serialise"), deadline)?;
+    let all = ex.allgather(&mine)?;
+    let (Some(members), Some(rank)) = (members, my_rank) else {
+        // Not in a group: keep step with the others' rounds.
+        ex.allgather(&[])?;
+        ex.barrier()?;
+        ex.barrier()?;
+        return Ok(None);
+    };
     let mut infos = Vec::with_capacity(nranks);
-    for r in 0..nranks {
-        let v = client.get(&format!("rank/{r}"), deadline)?;
-        let i: RankInfo = serde_json::from_slice(&v).map_err(|e| boot(format!("malformed info from rank {r}: {e}")))?;
+    for (r, &x) in members.iter().enumerate() {
+        let i: RankInfo = serde_json::from_slice(&all[x]).map_err(|e| boot(format!("malformed info from rank {r}: {e}")))?;
         if i.nranks != nranks {
             return Err(boot(format!(
                 "rank {r} was started with world size {}, this rank with {nranks}; all ranks must agree",
@@ -308,60 +406,77 @@ pub(crate) fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, cfg: &Config
     let ids: Vec<String> = infos.iter().map(|i| i.host.clone()).collect();
     let mut topo = Topology::from_host_ids(&ids);
     let my_host = topo.host_of[rank];
-    let use_shm = |q: usize| cfg.transport == TransportChoice::Auto && topo.host_of[q] == my_host;
+    let locals = topo.hosts[my_host].ranks.clone();
+    let shm = cfg.transport == TransportChoice::Auto && locals.len() > 1;
+    let use_shm = |q: usize| shm && topo.host_of[q] == my_host;
     let mut links: Vec<Option<Link>> = (0..nranks).map(|_| None).collect();
     let mut peer_pids = vec![None; nranks];
 
-    // Shared memory among the ranks of this host.
-    let locals = topo.hosts[my_host].ranks.clone();
-    let mut segment = None;
-    if cfg.transport == TransportChoice::Auto && locals.len() > 1 {
-        let layout = Layout::new(locals.len(), cfg.ring_bytes);
-        let me = topo.local_rank[rank];
-        let key = format!("shm/{my_host}");
-        let seg = if me == 0 {
-            let name = format!("/tutti-{}-{}-{}", hex(&id.token[..6]), sys::pid(), my_host);
-            let (seg, path) = create_segment(&name, layout).map_err(|e| boot(e.to_string()))?;
-            client.put(&key, name.as_bytes(), deadline)?;
-            client.barrier(&format!("shm-mapped/{my_host}"), locals.len(), deadline)?;
-            let _ = std::fs::remove_file(&path);
-            seg
-        } else {
-            let name = String::from_utf8(client.get(&key, deadline)?).map_err(|_| boot("bad segment name".into()))?;
-            let seg = open_segment(&name, layout).map_err(|e| boot(e.to_string()))?;
-            client.barrier(&format!("shm-mapped/{my_host}"), locals.len(), deadline)?;
-            seg
+    // Round 2: each host's lowest rank creates the segment and names it.
+    let layout = Layout::new(locals.len().max(1), cfg.ring_bytes);
+    let local_me = topo.local_rank[rank];
+    let mut created = None;
+    let name_out = if shm && local_me == 0 {
+        let name = format!("/tutti-{}-{}-{}-{}", hex(&token[..4]), sys::pid(), me, unique_suffix());
+        let (seg, path) = create_segment(&name, layout).map_err(|e| boot(e.to_string()))?;
+        created = Some((seg, path));
+        name.into_bytes()
+    } else {
+        Vec::new()
+    };
+    let names = ex.allgather(&name_out)?;
+    let segment = if shm {
+        let seg = match created.take() {
+            Some((seg, path)) => {
+                ex.barrier()?; // everybody has mapped it
+                let _ = std::fs::remove_file(path);
+                seg
+            }
+            None => {
+                let leader = members[locals[0]];
+                let name = String::from_utf8(names[leader].clone()).map_err(|_| boot("bad segment name".into()))?;
+                let seg = open_segment(&name, layout).map_err(|e| boot(e.to_string()))?;
+                ex.barrier()?;
+                seg
+            }
         };
         for (li, &q) in locals.iter().enumerate() {
             if q != rank {
-                links[q] = Some(Link::Ring(RingLink::new(seg.clone(), me, li, DirectRead::Cma), TransportKind::Shm));
+                links[q] = Some(Link::Ring(RingLink::new(seg.clone(), local_me, li, DirectRead::Cma), TransportKind::Shm));
                 peer_pids[q] = Some(infos[q].pid);
             }
         }
-        segment = Some((seg, me));
-    }
+        Some((seg, local_me))
+    } else {
+        ex.barrier()?;
+        None
+    };
 
     // TCP to everybody else: dial lower ranks, accept higher ones.
     for q in (0..rank).filter(|&q| !use_shm(q)) {
-        let s = dial(infos[q].addr, id.token, rank, deadline)
+        let s = dial(infos[q].addr, token, rank, deadline)
             .map_err(|e| boot(format!("cannot connect to rank {q} at {}: {e}", infos[q].addr)))?;
         links[q] = Some(Link::Tcp(TcpLink::new(s, q)?));
     }
     let expect: Vec<usize> = (rank + 1..nranks).filter(|&q| !use_shm(q)).collect();
-    accept_peers(&listener, id.token, &expect, &mut links, deadline).map_err(|e| boot(e))?;
+    if let Some(l) = &listener {
+        accept_peers(l, token, &expect, &mut links, deadline).map_err(boot)?;
+    }
     drop(listener);
     for (q, l) in links.iter().enumerate() {
         topo.transports[q] = l.as_ref().map(|l| l.kind());
     }
-    client.barrier("joined", nranks, deadline)?;
-    Ok(Joined {
+    ex.barrier()?;
+    Ok(Some(Connected {
         links,
         peer_pids,
         topo,
         segment,
-        server,
-        client,
-    })
+    }))
+}
+
+fn unique_suffix() -> String {
+    hex(&random_token()[..4])
 }
 
 fn bind_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpListener> {

@@ -1,6 +1,7 @@
 //! The public face: [`Communicator`].
 
 mod ops;
+mod split;
 mod work;
 
 pub use ops::RawCall;
@@ -60,6 +61,10 @@ pub struct Communicator {
     /// connection stays open for later use (splits, diagnostics).
     _store: Option<StoreServer>,
     _client: Option<Mutex<StoreClient>>,
+    /// The job's auth token (sub-communicators use it too).
+    pub(crate) token: [u8; 16],
+    /// The address peers reach this rank at (`None` for thread ranks).
+    pub(crate) ip: Option<std::net::IpAddr>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -105,6 +110,8 @@ impl Communicator {
                 config: config.clone(),
                 _store: None,
                 _client: None,
+                token: [0; 16],
+                ip: None,
             });
         }
         Ok(out)
@@ -120,16 +127,19 @@ impl Communicator {
     /// [`init_rank`](Communicator::init_rank) with an explicit configuration.
     pub fn init_rank_with(id: &UniqueId, nranks: usize, rank: usize, config: Config) -> Result<Communicator> {
         let j = bootstrap::rendezvous(id, nranks, rank, &config)?;
-        let ranks_here = j.topo.local_size(rank);
-        let core = Core::new(j.links, j.peer_pids, rank, config.clone(), ranks_here, j.segment);
+        let c = j.conn;
+        let ranks_here = c.topo.local_size(rank);
+        let core = Core::new(c.links, c.peer_pids, rank, config.clone(), ranks_here, c.segment);
         Ok(Communicator {
             engine: Engine::new(core),
             rank,
             size: nranks,
-            topo: j.topo,
+            topo: c.topo,
             config,
             _store: j.server,
             _client: Some(Mutex::new(j.client)),
+            token: id.token,
+            ip: Some(j.ip),
         })
     }
 

@@ -39,8 +39,9 @@ pub(crate) struct Env<'a> {
     pub bell: Option<&'a Doorbell>,
     /// Process ids of peers reached through shared memory (liveness checks).
     pub peer_pids: &'a [Option<i32>],
-    /// Idle polls spent spinning before yielding, then sleeping.
-    pub spin: u32,
+    /// How long to poll before sleeping, and whether to yield the core
+    /// while polling (more ranks than cores).
+    pub spin: (Duration, bool),
 }
 
 #[derive(Default)]
@@ -119,6 +120,8 @@ fn run(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mut Scratchpad, e
     let mut remaining = k;
     let mut first_unstarted = 0usize;
     let mut idle = 0u32;
+    let mut idle_since = Instant::now();
+    let (spin_for, yield_while_polling) = env.spin;
     let mut last_liveness = Instant::now();
     let has_tcp = pad
         .peers
@@ -138,13 +141,18 @@ fn run(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mut Scratchpad, e
             idle = 0;
             continue;
         }
+        // Poll for a while (spinning, or yielding the core when ranks
+        // outnumber cores), then sleep.
         idle += 1;
-        if idle < env.spin {
-            std::hint::spin_loop();
-            continue;
+        if idle == 1 {
+            idle_since = Instant::now();
         }
-        if idle < env.spin + 16 {
-            std::thread::yield_now();
+        if idle % 64 != 0 || idle_since.elapsed() < spin_for {
+            if yield_while_polling && idle > 8 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             continue;
         }
         // Nothing moves: check the world, then sleep a bounded while.

@@ -47,7 +47,7 @@ pub(crate) struct Core {
     pub rank: usize,
     pub nranks: usize,
     pub config: Config,
-    pub spin: u32,
+    pub spin: (Duration, bool),
     /// Keeps the shared segment (and so the doorbell) alive.
     pub bell_owner: Option<Arc<crate::transport::shm::Segment>>,
     pub local_index: usize,
