@@ -78,7 +78,32 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
+/// The tuner's view of a communicator.
+pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate::tune::TuneCtx {
+    crate::tune::TuneCtx {
+        model: crate::tune::CostModel::default(),
+        host_of: topo.host_of.clone(),
+        threads,
+        tcp_only: config.transport == crate::config::TransportChoice::Tcp,
+    }
+}
+
 impl Communicator {
+    /// The algorithm the tuner (or `TUTTI_ALGO`) picks for `coll` with `count`
+    /// elements of `dtype` on this communicator, with the predicted time in
+    /// microseconds (NaN when forced).
+    pub fn plan(&self, coll: crate::Collective, count: usize, dtype: crate::DataType) -> Result<(Algorithm, f64)> {
+        let p = crate::algo::Problem::new(coll, self.size, self.rank, count);
+        let ctx = tune_ctx(&self.topo, &self.config, self.ip.is_none() && self.size > 1);
+        if let Some(a) = self.config.algo.get(coll.kind()) {
+            if a.build(&crate::algo::Problem { count: 0, ..p.clone() }).is_some() {
+                let t = crate::tune::cost::predict(&ctx.model, &p, a, dtype.size(), &|x, y| ctx.class(x, y)).unwrap_or(f64::NAN);
+                return Ok((a, t));
+            }
+        }
+        Ok(crate::tune::choose_with(&p, dtype.size(), &ctx))
+    }
+
     /// `n` communicators for `n` threads of this process (like
     /// `ncclCommInitAll`); element `r` is rank `r`. Uses the `local`
     /// transport (direct memory access) and reads [`Config::from_env`].
@@ -101,7 +126,8 @@ impl Communicator {
                 })
                 .collect();
             topo.transports = links.iter().map(|l| l.as_ref().map(|l| l.kind())).collect();
-            let core = Core::new(links, vec![None; n], r, config.clone(), n, Some((seg.clone(), r)));
+            let mut core = Core::new(links, vec![None; n], r, config.clone(), n, Some((seg.clone(), r)));
+            core.tune = tune_ctx(&topo, &config, true);
             out.push(Communicator {
                 engine: Engine::new(core),
                 rank: r,
@@ -129,7 +155,8 @@ impl Communicator {
         let j = bootstrap::rendezvous(id, nranks, rank, &config)?;
         let c = j.conn;
         let ranks_here = c.topo.local_size(rank);
-        let core = Core::new(c.links, c.peer_pids, rank, config.clone(), ranks_here, c.segment);
+        let mut core = Core::new(c.links, c.peer_pids, rank, config.clone(), ranks_here, c.segment);
+        core.tune = tune_ctx(&c.topo, &config, false);
         Ok(Communicator {
             engine: Engine::new(core),
             rank,

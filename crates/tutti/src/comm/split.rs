@@ -91,7 +91,8 @@ impl Communicator {
             .position(|&q| q == self.rank())
             .expect("a member of its group");
         let ranks_here = conn.topo.local_size(rank);
-        let core = Core::new(conn.links, conn.peer_pids, rank, self.config.clone(), ranks_here, conn.segment);
+        let mut core = Core::new(conn.links, conn.peer_pids, rank, self.config.clone(), ranks_here, conn.segment);
+        core.tune = super::tune_ctx(&conn.topo, &self.config, false);
         Ok(Some(Communicator {
             engine: Engine::new(core),
             rank,
@@ -160,7 +161,8 @@ impl Communicator {
             .collect();
         let mut topo = Topology::from_host_ids(&vec![String::from("local"); m]);
         topo.transports = links.iter().map(|l| l.as_ref().map(|l| l.kind())).collect();
-        let core = Core::new(links, vec![None; m], rank, self.config.clone(), m, Some((seg, rank)));
+        let mut core = Core::new(links, vec![None; m], rank, self.config.clone(), m, Some((seg, rank)));
+        core.tune = super::tune_ctx(&topo, &self.config, true);
         Ok(Some(Communicator {
             engine: Engine::new(core),
             rank,

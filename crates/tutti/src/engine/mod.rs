@@ -56,7 +56,11 @@ pub(crate) struct Core {
     scratch: Vec<u8>,
     bounce: Vec<u8>,
     pad: Scratchpad,
-    cache: HashMap<(Problem, Algorithm), Arc<Schedule>>,
+    cache: HashMap<(Problem, Option<Algorithm>), (Algorithm, Arc<Schedule>)>,
+    /// What the tuner knows (set by the communicator after connecting).
+    pub tune: crate::tune::TuneCtx,
+    /// The last call's problem, forced algorithm and schedule.
+    last: Option<(Problem, Option<Algorithm>, Arc<Schedule>)>,
     poisoned: Option<Error>,
 }
 
@@ -90,6 +94,8 @@ impl Core {
             bounce: vec![0u8; 256 << 10],
             pad: Scratchpad::default(),
             cache: HashMap::new(),
+            tune: crate::tune::TuneCtx::single_host(nranks),
+            last: None,
             poisoned: None,
         }
     }
@@ -156,21 +162,40 @@ impl Core {
             chunks: 1,
         };
         let bytes = c.count * esz;
-        let alg = crate::tune::select(&problem, bytes, c.algorithm, &self.config.algo)?;
-        let key = (problem, alg);
-        let sched = match self.cache.get(&key) {
-            Some(s) => s.clone(),
-            None => {
-                let s = Arc::new(alg.build(&key.0).ok_or_else(|| {
-                    Error::arg(format!("algorithm {alg} does not implement {}", c.coll.kind()))
-                })?);
-                if self.cache.len() > 512 {
-                    self.cache.clear();
-                }
-                self.cache.insert(key, s.clone());
+        // Training loops repeat the same call: remember the last decision.
+        let sched = match &self.last {
+            Some((p, a, s)) if *a == c.algorithm && *p == problem => s.clone(),
+            _ => {
+                let s = self.schedule_for(problem.clone(), bytes, c)?;
+                self.last = Some((problem, c.algorithm, s.clone()));
                 s
             }
         };
+        self.run_schedule(c, seq, &sched, abort)
+    }
+
+    /// The schedule for a call shape: cached per (problem, forced algorithm),
+    /// so the tuner prices each shape once.
+    fn schedule_for(&mut self, problem: Problem, _bytes: usize, c: &OpCall) -> Result<Arc<Schedule>> {
+        let key = (problem, c.algorithm);
+        if let Some((_, s)) = self.cache.get(&key) {
+            return Ok(s.clone());
+        }
+        let alg = crate::tune::select(&key.0, c.dtype.size(), c.algorithm, &self.config.algo, &self.tune)?;
+        let s = Arc::new(
+            alg.build(&key.0)
+                .ok_or_else(|| Error::arg(format!("algorithm {alg} does not implement {}", c.coll.kind())))?,
+        );
+        if self.cache.len() > 512 {
+            self.cache.clear();
+        }
+        self.cache.insert(key, (alg, s.clone()));
+        Ok(s)
+    }
+
+    fn run_schedule(&mut self, c: &OpCall, seq: u64, sched: &Schedule, abort: &AtomicBool) -> Result<()> {
+        let esz = c.dtype.size();
+        let n = self.nranks;
         let need = sched.scratch * esz;
         if self.scratch.len() < need {
             self.scratch.resize(need, 0);
@@ -215,7 +240,7 @@ impl Core {
                 peer_pids: &self.peer_pids,
                 spin,
             };
-            executor::execute(&sched, &bufs, &mut env, &mut self.pad)
+            executor::execute(sched, &bufs, &mut env, &mut self.pad)
         };
         self.bounce = cx.bounce;
         r?;
@@ -280,9 +305,48 @@ struct Job {
     done: Arc<Completion>,
 }
 
+/// The core plus what orders access to it: ops run in ticket order.
+pub(crate) struct Turns {
+    core: Mutex<Core>,
+    cv: Condvar,
+    /// Threads waiting for their turn (so the common case skips the wake-up call).
+    waiters: AtomicU64,
+}
+
+impl Turns {
+    fn lock_turn(&self, ticket: u64, abort: Option<&AtomicBool>) -> Result<std::sync::MutexGuard<'_, Core>> {
+        let mut g = self.core.lock().unwrap_or_else(|e| e.into_inner());
+        if g.next_turn == ticket {
+            return Ok(g);
+        }
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        while g.next_turn != ticket {
+            if abort.is_some_and(|a| a.load(Ordering::Relaxed)) {
+                self.waiters.fetch_sub(1, Ordering::SeqCst);
+                return Err(Error::Aborted);
+            }
+            g = self
+                .cv
+                .wait_timeout(g, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        Ok(g)
+    }
+
+    fn end_turn(&self, mut g: std::sync::MutexGuard<'_, Core>) {
+        g.next_turn += 1;
+        drop(g);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.cv.notify_all();
+        }
+    }
+}
+
 /// Orders and runs a communicator's ops.
 pub(crate) struct Engine {
-    core: Arc<(Mutex<Core>, Condvar)>,
+    core: Arc<Turns>,
     tickets: AtomicU64,
     pub(crate) abort: Arc<AtomicBool>,
     /// This rank's doorbell, to wake a sleeping op on abort.
@@ -295,29 +359,29 @@ impl Engine {
         let bell = core.bell_owner.clone().map(|s| (s, core.local_index));
         Engine {
             bell,
-            core: Arc::new((Mutex::new(core), Condvar::new())),
+            core: Arc::new(Turns {
+                core: Mutex::new(core),
+                cv: Condvar::new(),
+                waiters: AtomicU64::new(0),
+            }),
             tickets: AtomicU64::new(0),
             abort: Arc::new(AtomicBool::new(false)),
             worker: Mutex::new(None),
         }
     }
 
-    fn run_turn(core: &(Mutex<Core>, Condvar), ticket: u64, call: &OpCall, abort: &AtomicBool) -> Result<()> {
-        let (m, cv) = core;
-        let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
-        while g.next_turn != ticket {
-            if abort.load(Ordering::Relaxed) {
-                return Err(Error::Aborted);
+    fn run_turn(t: &Turns, ticket: u64, call: &OpCall, abort: &AtomicBool) -> Result<()> {
+        let mut g = match t.lock_turn(ticket, Some(abort)) {
+            Ok(g) => g,
+            Err(e) => {
+                // Still take (and pass on) the turn so later ops are not stuck.
+                let g = t.lock_turn(ticket, None)?;
+                t.end_turn(g);
+                return Err(e);
             }
-            g = cv
-                .wait_timeout(g, Duration::from_millis(50))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        };
         let r = g.run(call, abort);
-        g.next_turn += 1;
-        drop(g);
-        cv.notify_all();
+        t.end_turn(g);
         r
     }
 
@@ -355,15 +419,9 @@ impl Engine {
     /// Runs `f` on the core once every issued op has finished.
     pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
         let t = self.tickets.fetch_add(1, Ordering::SeqCst);
-        let (m, cv) = &*self.core;
-        let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
-        while g.next_turn != t {
-            g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
-        }
+        let mut g = self.core.lock_turn(t, None).expect("waiting without abort cannot fail");
         let r = f(&mut g);
-        g.next_turn += 1;
-        drop(g);
-        cv.notify_all();
+        self.core.end_turn(g);
         r
     }
 
@@ -373,7 +431,7 @@ impl Engine {
         if let Some((seg, i)) = &self.bell {
             crate::transport::shm::abort_wake(seg.bell(*i));
         }
-        self.core.1.notify_all();
+        self.core.cv.notify_all();
     }
 }
 

@@ -1,9 +1,14 @@
 //! Choosing an algorithm per call, and the `TUTTI_ALGO` override.
 //!
-//! `choose` picks by collective, rank count and message size; a cost model
-//! that prices each candidate schedule replaces these rules as it matures.
+//! Every algorithm that implements a collective builds its schedules; the
+//! [`cost`] model prices them under the communicator's topology and the
+//! cheapest wins ([`choose_with`]). The decision is cached per call shape by
+//! the engine, so the pricing runs once per shape, not once per call.
+
+pub mod cost;
 
 use crate::algo::{Algorithm, CollKind, Problem};
+pub use cost::{CostModel, LinkClass, LinkCost};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 
@@ -48,7 +53,8 @@ impl AlgoOverride {
     }
 }
 
-/// The algorithm tutti uses for `p` (of `bytes` bytes per rank) when nothing is forced.
+/// A rule of thumb for `p` (of `bytes` bytes per rank) that needs no
+/// topology: the fallback when the cost model has nothing to price.
 pub fn choose(p: &Problem, bytes: usize) -> Algorithm {
     let n = p.nranks;
     match p.coll.kind() {
@@ -68,14 +74,87 @@ pub fn choose(p: &Problem, bytes: usize) -> Algorithm {
     }
 }
 
+/// What the tuner knows about a communicator: how ranks are connected and
+/// the cost-model parameters. The same on every rank, so every rank picks
+/// the same algorithm.
+#[derive(Clone, Debug)]
+pub struct TuneCtx {
+    /// Cost-model parameters.
+    pub model: CostModel,
+    /// Host index of every rank.
+    pub host_of: Vec<usize>,
+    /// Ranks are threads of one process.
+    pub threads: bool,
+    /// TCP is forced between all ranks.
+    pub tcp_only: bool,
+}
+
+impl TuneCtx {
+    /// The link class between ranks `a` and `b`.
+    pub fn class(&self, a: usize, b: usize) -> LinkClass {
+        if self.threads {
+            LinkClass::Local
+        } else if self.tcp_only || self.host_of.get(a) != self.host_of.get(b) {
+            LinkClass::Tcp
+        } else {
+            LinkClass::Shm
+        }
+    }
+
+    /// A context for `n` ranks on one host, with default parameters.
+    pub fn single_host(n: usize) -> Self {
+        TuneCtx {
+            model: CostModel::default(),
+            host_of: vec![0; n],
+            threads: false,
+            tcp_only: false,
+        }
+    }
+}
+
+/// Rank counts above which the tuner prices one rank's schedule instead of
+/// simulating all of them.
+const SIMULATE_ALL_UP_TO: usize = 64;
+
+/// Prices every algorithm that implements `p` and returns them cheapest
+/// first, with their predicted times in microseconds.
+pub fn rank_algorithms(p: &Problem, elem: usize, ctx: &TuneCtx) -> Vec<(Algorithm, f64)> {
+    let class = |a: usize, b: usize| ctx.class(a, b);
+    let mut v: Vec<(Algorithm, f64)> = Algorithm::ALL
+        .iter()
+        .filter_map(|&a| {
+            let t = if p.nranks <= SIMULATE_ALL_UP_TO {
+                cost::predict(&ctx.model, p, a, elem, &class)?
+            } else {
+                let mut q = p.clone();
+                q.rank = 0;
+                cost::predict_one(&ctx.model, &q, a, elem, &class)?
+            };
+            Some((a, t))
+        })
+        .collect();
+    // Stable: ties keep the order of Algorithm::ALL.
+    v.sort_by(|x, y| x.1.total_cmp(&y.1));
+    v
+}
+
+/// The algorithm the cost model picks for `p`, with its predicted time (us).
+pub fn choose_with(p: &Problem, elem: usize, ctx: &TuneCtx) -> (Algorithm, f64) {
+    rank_algorithms(p, elem, ctx)
+        .first()
+        .copied()
+        .unwrap_or((choose(p, p.count * elem), f64::NAN))
+}
+
 /// Picks the algorithm for `p`: the per-call choice, else `TUTTI_ALGO`, else
-/// [`choose`]. A forced algorithm that does not implement the collective is
-/// an error for a per-call choice and ignored for a global `TUTTI_ALGO`.
+/// the cost model. A forced algorithm that does not implement the collective
+/// is an error for a per-call choice and ignored for a global `TUTTI_ALGO`.
 pub(crate) fn select(
     p: &Problem,
-    bytes: usize,
+    elem: usize,
     per_call: Option<Algorithm>,
     env: &AlgoOverride,
+    ctx: &TuneCtx,
 ) -> Result<Algorithm> {
     let kind = p.coll.kind();
     let implements = |a: Algorithm| a.build(&Problem { count: 0, ..p.clone() }).is_some();
@@ -96,5 +175,39 @@ pub(crate) fn select(
             return Ok(a);
         }
     }
-    Ok(choose(p, bytes))
+    Ok(choose_with(p, elem, ctx).0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Collective;
+
+    #[test]
+    fn parse_override() {
+        let o = AlgoOverride::parse("ring").unwrap();
+        assert_eq!(o.get(CollKind::AllGather), Some(Algorithm::Ring));
+        let o = AlgoOverride::parse("all_reduce:tree, allgather:ring").unwrap();
+        assert_eq!(o.get(CollKind::AllReduce), Some(Algorithm::Tree));
+        assert_eq!(o.get(CollKind::AllGather), Some(Algorithm::Ring));
+        assert_eq!(o.get(CollKind::Broadcast), None);
+        let e = AlgoOverride::parse("all_reduce:bogus").unwrap_err().to_string();
+        assert!(e.contains("valid: ring"), "{e}");
+        assert!(AlgoOverride::parse("allreduc:ring").is_err());
+    }
+
+    #[test]
+    fn cost_model_prefers_latency_for_small_and_bandwidth_for_large() {
+        for n in [2usize, 4, 8] {
+            let ctx = TuneCtx::single_host(n);
+            let small = choose_with(&Problem::new(Collective::AllReduce, n, 0, 2), 4, &ctx);
+            let large = choose_with(&Problem::new(Collective::AllReduce, n, 0, 64 << 20), 4, &ctx);
+            let rs = rank_algorithms(&Problem::new(Collective::AllReduce, n, 0, 64 << 20), 4, &ctx);
+            eprintln!("n={n}: small {small:?} large {large:?} all {rs:?}");
+            assert!(small.1 < 20.0, "small allreduce predicted {small:?}");
+            assert!(large.1 > small.1);
+            // Large messages: an algorithm moving ~2(n-1)/n of the data, not direct.
+            assert_ne!(large.0, Algorithm::Direct, "n={n}");
+        }
+    }
 }
