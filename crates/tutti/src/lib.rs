@@ -44,6 +44,7 @@ pub use algo::{Algorithm, CollKind, Collective};
 pub use bootstrap::{EnvInfo, UniqueId};
 pub use comm::{Communicator, Options, RawCall, Work};
 pub use config::Config;
+pub use engine::recorder::{self as trace};
 pub use error::{Error, Result};
 pub use reduce::{DataType, Element, ReduceOp};
 pub use transport::TransportKind;

@@ -609,8 +609,7 @@ fn dependencies(steps: &[Step], in_place: bool) -> Vec<Vec<u32>> {
             d.push(f as u32);
         }
         let (ri, wi) = &rw[i];
-        for j in start..i {
-            let (rj, wj) = &rw[j];
+        for (j, (rj, wj)) in rw.iter().enumerate().take(i).skip(start) {
             let hazard = overlaps(wi, rj, in_place)
                 || overlaps(ri, wj, in_place)
                 || overlaps(wi, wj, in_place);

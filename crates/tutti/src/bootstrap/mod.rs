@@ -264,6 +264,11 @@ impl Exchange for StoreExchange<'_> {
 
 /// The transports of a connected group.
 pub(crate) struct Connected {
+    /// The peer listener, kept after set-up: if rank failures force a
+    /// shrink, the lowest survivor serves a store on it.
+    pub rescue: Option<TcpListener>,
+    /// Every rank's listener address.
+    pub peer_addrs: Vec<SocketAddr>,
     pub links: Vec<Option<Link>>,
     pub peer_pids: Vec<Option<i32>>,
     pub topo: Topology,
@@ -462,7 +467,6 @@ pub(crate) fn connect(
     if let Some(l) = &listener {
         accept_peers(l, token, &expect, &mut links, deadline).map_err(boot)?;
     }
-    drop(listener);
     for (q, l) in links.iter().enumerate() {
         topo.transports[q] = l.as_ref().map(|l| l.kind());
     }
@@ -472,6 +476,8 @@ pub(crate) fn connect(
         peer_pids,
         topo,
         segment,
+        rescue: listener,
+        peer_addrs: infos.iter().map(|i| i.addr).collect(),
     }))
 }
 

@@ -1,6 +1,7 @@
 //! The public face: [`Communicator`].
 
 mod ops;
+mod shrink;
 mod split;
 mod work;
 
@@ -65,6 +66,8 @@ pub struct Communicator {
     pub(crate) token: [u8; 16],
     /// The address peers reach this rank at (`None` for thread ranks).
     pub(crate) ip: Option<std::net::IpAddr>,
+    /// This rank's listener, kept for [`shrink`](Communicator::shrink), and every rank's address.
+    pub(crate) rescue: Option<(std::net::TcpListener, Vec<std::net::SocketAddr>)>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -138,6 +141,7 @@ impl Communicator {
                 _client: None,
                 token: [0; 16],
                 ip: None,
+                rescue: None,
             });
         }
         Ok(out)
@@ -153,20 +157,28 @@ impl Communicator {
     /// [`init_rank`](Communicator::init_rank) with an explicit configuration.
     pub fn init_rank_with(id: &UniqueId, nranks: usize, rank: usize, config: Config) -> Result<Communicator> {
         let j = bootstrap::rendezvous(id, nranks, rank, &config)?;
-        let c = j.conn;
-        let ranks_here = c.topo.local_size(rank);
-        let mut core = Core::new(c.links, c.peer_pids, rank, config.clone(), ranks_here, c.segment);
-        core.tune = tune_ctx(&c.topo, &config, false);
+        let crate::bootstrap::Connected {
+            rescue,
+            peer_addrs,
+            links,
+            peer_pids,
+            topo,
+            segment,
+        } = j.conn;
+        let ranks_here = topo.local_size(rank);
+        let mut core = Core::new(links, peer_pids, rank, config.clone(), ranks_here, segment);
+        core.tune = tune_ctx(&topo, &config, false);
         Ok(Communicator {
             engine: Engine::new(core),
             rank,
             size: nranks,
-            topo: c.topo,
+            topo,
             config,
             _store: j.server,
             _client: Some(Mutex::new(j.client)),
             token: id.token,
             ip: Some(j.ip),
+            rescue: rescue.map(|l| (l, peer_addrs)),
         })
     }
 
@@ -213,6 +225,13 @@ impl Communicator {
     /// once, and so does every later op. Callable from any thread.
     pub fn abort(&self) {
         self.engine.abort();
+    }
+
+    /// The first error this communicator hit, if any (like
+    /// `ncclCommGetAsyncError`): after a timeout, a lost peer, a mismatch or
+    /// an abort, every later op fails with it too. Does not wait.
+    pub fn error(&self) -> Option<Error> {
+        self.engine.first_error.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Number of ops this communicator has completed or failed.

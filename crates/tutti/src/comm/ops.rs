@@ -136,7 +136,8 @@ impl Communicator {
                 hint(c.coll, n)
             )));
         }
-        if !(rooted_out && ob == 0) && !out_len_ok && c.coll != Collective::Barrier && !matches!(c.coll, Collective::Send { .. }) {
+        let out_unused = c.coll == Collective::Barrier || matches!(c.coll, Collective::Send { .. }) || (rooted_out && ob == 0);
+        if !out_unused && !out_len_ok {
             return Err(Error::arg(format!(
                 "{name} on rank {r}: the receive buffer has {} bytes but {} elements of {} ({} bytes) are needed{}",
                 c.recv_len,
@@ -146,7 +147,7 @@ impl Communicator {
                 hint(c.coll, n)
             )));
         }
-        let in_place = c.coll == Collective::AllReduce && c.send == c.recv as *const u8;
+        let in_place = c.coll == Collective::AllReduce && std::ptr::eq(c.send, c.recv);
         if !in_place && ib > 0 && ob > 0 && c.coll != Collective::AllGather {
             let (s, e) = (c.send as usize, c.send as usize + ib);
             let (rs, re) = (c.recv as usize, c.recv as usize + ob);
@@ -229,9 +230,9 @@ impl Communicator {
             op,
             count: n,
             send: p,
-            send_len: n * size_of::<T>(),
+            send_len: std::mem::size_of_val(buf),
             recv: p,
-            recv_len: n * size_of::<T>(),
+            recv_len: std::mem::size_of_val(buf),
             vcounts: None,
         };
         self.blocking(c, opts)
@@ -252,9 +253,9 @@ impl Communicator {
             op,
             count: n,
             send: p,
-            send_len: n * size_of::<T>(),
+            send_len: std::mem::size_of_val(&buf[..]),
             recv: p,
-            recv_len: n * size_of::<T>(),
+            recv_len: std::mem::size_of_val(&buf[..]),
             vcounts: None,
         };
         self.issue(c, buf)
@@ -273,9 +274,9 @@ impl Communicator {
                 op: ReduceOp::Sum,
                 count: n,
                 send: p,
-                send_len: n * size_of::<T>(),
+                send_len: std::mem::size_of_val(buf),
                 recv: p,
-                recv_len: n * size_of::<T>(),
+                recv_len: std::mem::size_of_val(buf),
                 vcounts: None,
             },
             &Options::default(),
@@ -292,9 +293,9 @@ impl Communicator {
             op: ReduceOp::Sum,
             count: n,
             send: p,
-            send_len: n * size_of::<T>(),
+            send_len: std::mem::size_of_val(&buf[..]),
             recv: p,
-            recv_len: n * size_of::<T>(),
+            recv_len: std::mem::size_of_val(&buf[..]),
             vcounts: None,
         };
         self.issue(c, buf)
@@ -352,7 +353,7 @@ impl Communicator {
     /// rank) of `recv`. Both hold `size()` equal blocks.
     pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let n = self.size();
-        if send.len() % n != 0 {
+        if !send.len().is_multiple_of(n) {
             return Err(Error::arg(format!(
                 "all_to_all: the send buffer has {} elements, not a multiple of the {n} ranks",
                 send.len()
@@ -365,7 +366,7 @@ impl Communicator {
     pub fn all_to_all_async<T: Element>(&self, send: Vec<T>, mut recv: Vec<T>) -> Work<(Vec<T>, Vec<T>)> {
         let n = self.size();
         let c = call(Collective::AllToAll, ReduceOp::Sum, send.len() / n, &send, &mut recv);
-        if send.len() % n != 0 {
+        if !send.len().is_multiple_of(n) {
             let done = Arc::new(Completion::default());
             done.complete(Err(Error::arg("all_to_all: send length is not a multiple of the rank count")));
             return Work::new(done, (send, recv));

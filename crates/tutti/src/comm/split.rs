@@ -93,6 +93,7 @@ impl Communicator {
         let ranks_here = conn.topo.local_size(rank);
         let mut core = Core::new(conn.links, conn.peer_pids, rank, self.config.clone(), ranks_here, conn.segment);
         core.tune = super::tune_ctx(&conn.topo, &self.config, false);
+        let rescue = conn.rescue.map(|l| (l, conn.peer_addrs));
         Ok(Some(Communicator {
             engine: Engine::new(core),
             rank,
@@ -103,6 +104,7 @@ impl Communicator {
             _client: None,
             token: self.token,
             ip: self.ip,
+            rescue,
         }))
     }
 
@@ -173,6 +175,7 @@ impl Communicator {
             _client: None,
             token: self.token,
             ip: None,
+            rescue: None,
         }))
     }
 }

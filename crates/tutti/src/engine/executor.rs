@@ -147,7 +147,7 @@ fn run(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mut Scratchpad, e
         if idle == 1 {
             idle_since = Instant::now();
         }
-        if idle % 64 != 0 || idle_since.elapsed() < spin_for {
+        if !idle.is_multiple_of(64) || idle_since.elapsed() < spin_for {
             if yield_while_polling && idle > 8 {
                 std::thread::yield_now();
             } else {
@@ -349,6 +349,9 @@ fn timeout_error(env: &Env<'_>, pad: &Scratchpad) -> Error {
 
 fn check_liveness(env: &Env<'_>, pad: &Scratchpad) -> Result<()> {
     for q in pending_peers(pad) {
+        if env.links[q].as_ref().is_some_and(|l| l.peer_failed()) {
+            return Err(env.cx.lost(q, format!("rank {q} failed or was aborted")));
+        }
         if let Some(Some(pid)) = env.peer_pids.get(q) {
             if !sys::process_alive(*pid) {
                 return Err(env.cx.lost(q, format!("process {pid} is gone")));

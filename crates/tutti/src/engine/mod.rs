@@ -5,6 +5,7 @@
 //! every later op fails fast with the same error.
 
 pub(crate) mod executor;
+pub mod recorder;
 
 use crate::algo::{Algorithm, Collective, Problem, Schedule, VCounts};
 use crate::config::Config;
@@ -60,8 +61,12 @@ pub(crate) struct Core {
     /// What the tuner knows (set by the communicator after connecting).
     pub tune: crate::tune::TuneCtx,
     /// The last call's problem, forced algorithm and schedule.
-    last: Option<(Problem, Option<Algorithm>, Arc<Schedule>)>,
+    last: Option<(Problem, Option<Algorithm>, Arc<Schedule>, &'static str)>,
     poisoned: Option<Error>,
+    /// The last ops, for diagnosis after a failure.
+    recorder: recorder::Recorder,
+    /// The first failure, readable without waiting for a turn.
+    pub(crate) first_error: Arc<Mutex<Option<Error>>>,
 }
 
 impl Core {
@@ -97,6 +102,8 @@ impl Core {
             tune: crate::tune::TuneCtx::single_host(nranks),
             last: None,
             poisoned: None,
+            recorder: recorder::Recorder::default(),
+            first_error: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -116,7 +123,26 @@ impl Core {
         if abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted);
         }
+        self.recorder.start(recorder::Rec {
+            seq: self.seq,
+            op: c.coll.kind().name(),
+            root_or_peer: match c.coll {
+                Collective::Send { peer } | Collective::Recv { peer } => Some(peer),
+                other => other.root(),
+            },
+            count: c.count,
+            dtype: c.dtype.name(),
+            redop: c.op.name(),
+            algorithm: "",
+            state: recorder::OpState::Running,
+            start_us: recorder::now_us(),
+            end_us: 0,
+        });
         let r = self.run_inner(c, abort);
+        self.recorder.finish(match &r {
+            Ok(()) => recorder::OpState::Done,
+            Err(e) => recorder::OpState::Failed(e.to_string()),
+        });
         if let Err(e) = &r {
             if matches!(
                 e,
@@ -124,6 +150,12 @@ impl Core {
             ) {
                 tracing::error!(rank = self.rank, "{e}");
                 self.poisoned = Some(e.clone());
+                self.first_error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e.clone());
+                self.recorder.dump(self.rank, self.nranks);
+                // Make peers fail fast instead of waiting for us.
+                for l in self.links.iter().flatten() {
+                    l.announce_failure();
+                }
             }
         }
         r
@@ -141,7 +173,7 @@ impl Core {
                 // SAFETY: the comm layer checked input_len == count*esz and
                 // output_len == n*count*esz; `copy` tolerates aliasing.
                 unsafe {
-                    if c.input as *const u8 != c.output.add(off) as *const u8 {
+                    if !std::ptr::eq(c.input, c.output.add(off)) {
                         std::ptr::copy(c.input, c.output.add(off), c.count * esz);
                     }
                 }
@@ -164,10 +196,14 @@ impl Core {
         let bytes = c.count * esz;
         // Training loops repeat the same call: remember the last decision.
         let sched = match &self.last {
-            Some((p, a, s)) if *a == c.algorithm && *p == problem => s.clone(),
+            Some((p, a, s, name)) if *a == c.algorithm && *p == problem => {
+                self.recorder.set_algorithm(name);
+                s.clone()
+            }
             _ => {
                 let s = self.schedule_for(problem.clone(), bytes, c)?;
-                self.last = Some((problem, c.algorithm, s.clone()));
+                let name = self.cache.get(&(problem.clone(), c.algorithm)).map_or("", |(a, _)| a.name());
+                self.last = Some((problem, c.algorithm, s.clone(), name));
                 s
             }
         };
@@ -178,7 +214,8 @@ impl Core {
     /// so the tuner prices each shape once.
     fn schedule_for(&mut self, problem: Problem, _bytes: usize, c: &OpCall) -> Result<Arc<Schedule>> {
         let key = (problem, c.algorithm);
-        if let Some((_, s)) = self.cache.get(&key) {
+        if let Some((a, s)) = self.cache.get(&key) {
+            self.recorder.set_algorithm(a.name());
             return Ok(s.clone());
         }
         let alg = crate::tune::select(&key.0, c.dtype.size(), c.algorithm, &self.config.algo, &self.tune)?;
@@ -190,6 +227,7 @@ impl Core {
             self.cache.clear();
         }
         self.cache.insert(key, (alg, s.clone()));
+        self.recorder.set_algorithm(alg.name());
         Ok(s)
     }
 
@@ -349,6 +387,8 @@ pub(crate) struct Engine {
     core: Arc<Turns>,
     tickets: AtomicU64,
     pub(crate) abort: Arc<AtomicBool>,
+    /// The first asynchronous error (shared with the core).
+    pub(crate) first_error: Arc<Mutex<Option<Error>>>,
     /// This rank's doorbell, to wake a sleeping op on abort.
     bell: Option<(Arc<crate::transport::shm::Segment>, usize)>,
     worker: Mutex<Option<(mpsc::Sender<Job>, JoinHandle<()>)>>,
@@ -358,6 +398,7 @@ impl Engine {
     pub(crate) fn new(core: Core) -> Engine {
         let bell = core.bell_owner.clone().map(|s| (s, core.local_index));
         Engine {
+            first_error: core.first_error.clone(),
             bell,
             core: Arc::new(Turns {
                 core: Mutex::new(core),
@@ -428,6 +469,7 @@ impl Engine {
     /// Aborts: every waiting and later op fails with [`Error::Aborted`].
     pub(crate) fn abort(&self) {
         self.abort.store(true, Ordering::SeqCst);
+        self.first_error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(Error::Aborted);
         if let Some((seg, i)) = &self.bell {
             crate::transport::shm::abort_wake(seg.bell(*i));
         }

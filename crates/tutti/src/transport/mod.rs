@@ -88,6 +88,23 @@ impl Link {
         }
     }
 
+    /// Tells the peer that this rank failed: shared-memory peers see a flag,
+    /// TCP peers a closed connection.
+    pub(crate) fn announce_failure(&self) {
+        match self {
+            Link::Ring(l, _) => l.announce_failure(),
+            Link::Tcp(l) => l.shutdown(),
+        }
+    }
+
+    /// True if the peer is known to have failed.
+    pub(crate) fn peer_failed(&self) -> bool {
+        match self {
+            Link::Ring(l, _) => l.peer_failed(),
+            Link::Tcp(_) => false,
+        }
+    }
+
     /// The transport of this link.
     pub(crate) fn kind(&self) -> TransportKind {
         match self {

@@ -440,6 +440,16 @@ impl RingLink {
         Ok(m.done)
     }
 
+    /// True if the peer's communicator failed or was aborted.
+    pub(crate) fn peer_failed(&self) -> bool {
+        self.seg.bell(self.peer).aborted.load(Ordering::Relaxed) != 0
+    }
+
+    /// Tells the peers on this segment that this rank failed.
+    pub(crate) fn announce_failure(&self) {
+        abort_wake(self.seg.bell(self.me));
+    }
+
     fn read_direct(&self, m: &mut RecvMsg, cx: &mut StepCx, pid: i32, addr: u64) -> Result<()> {
         match self.direct {
             DirectRead::Memcpy => {

@@ -33,6 +33,15 @@ impl TcpLink {
         let s = socket2::SockRef::from(&sock);
         let _ = s.set_send_buffer_size(4 << 20);
         let _ = s.set_recv_buffer_size(4 << 20);
+        // A peer whose host vanished sends no reset: keepalive probes after
+        // a second of silence, and unacknowledged data or probes fail the
+        // connection after 1.5 s, so survivors hear of it within ~2 s.
+        let ka = socket2::TcpKeepalive::new()
+            .with_time(std::time::Duration::from_secs(1))
+            .with_interval(std::time::Duration::from_secs(1))
+            .with_retries(1);
+        let _ = s.set_tcp_keepalive(&ka);
+        let _ = s.set_tcp_user_timeout(Some(std::time::Duration::from_millis(1500)));
         Ok(TcpLink {
             sock,
             peer,
@@ -43,6 +52,11 @@ impl TcpLink {
             carry: [0; 8],
             carry_len: 0,
         })
+    }
+
+    /// Closes the connection so that the peer notices at once.
+    pub(crate) fn shutdown(&self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
 
     /// The socket's descriptor, for poll().
@@ -131,10 +145,7 @@ impl TcpLink {
             let r = if m.reduce_src.is_none() {
                 // SAFETY: dst+got..dst+len lies in the receiver's buffer.
                 let dst = unsafe { std::slice::from_raw_parts_mut(m.dst.add(m.got), left) };
-                self.sock.read(dst).map(|k| {
-                    m.got += k;
-                    k
-                })
+                self.sock.read(dst).inspect(|&k| m.got += k)
             } else {
                 let esz = cx.elem;
                 let cl = self.carry_len;

@@ -91,7 +91,7 @@ pub fn predict(model: &CostModel, p: &Problem, alg: Algorithm, elem: usize, clas
         q.rank = r;
         if q.vcounts.is_some() && r != p.rank {
             // Other ranks' AllToAllV counts are unknown here: assume this rank's shape.
-            return Some(predict_one(model, p, alg, elem, class)?);
+            return predict_one(model, p, alg, elem, class);
         }
         scheds.push(alg.build(&q)?);
     }
