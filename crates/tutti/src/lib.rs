@@ -35,6 +35,8 @@ mod comm;
 pub mod config;
 mod engine;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod reduce;
 pub mod topo;
 pub(crate) mod transport;

@@ -11,7 +11,7 @@
 //! Where the rank, size and master come from: [`UniqueId`] (launcher-free,
 //! like `ncclGetUniqueId`), or the environment ([`EnvInfo::from_env`]).
 
-pub(crate) mod store;
+pub mod store;
 
 use crate::config::{Config, TransportChoice};
 use crate::error::{Error, Result};

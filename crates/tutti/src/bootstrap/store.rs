@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Largest frame the store accepts.
-pub(crate) const MAX_FRAME: usize = 1 << 20;
+pub const MAX_FRAME: usize = 1 << 20;
 
 pub(crate) fn write_frame(s: &mut impl Write, payload: &[u8]) -> io::Result<()> {
     let mut buf = Vec::with_capacity(4 + payload.len());
@@ -28,7 +28,9 @@ pub(crate) fn write_frame(s: &mut impl Write, payload: &[u8]) -> io::Result<()> 
     s.write_all(&buf)
 }
 
-pub(crate) fn read_frame(s: &mut impl Read) -> io::Result<Vec<u8>> {
+/// Reads one `[u32 length][payload]` frame, refusing lengths over [`MAX_FRAME`]
+/// before allocating.
+pub fn read_frame(s: &mut impl Read) -> io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len)?;
     let n = u32::from_le_bytes(len) as usize;
@@ -155,20 +157,18 @@ fn serve(mut s: TcpStream, peer: SocketAddr, token: [u8; 16], sh: Arc<Shared>) {
         if sh.stop.load(Ordering::SeqCst) {
             return;
         }
-        let Some((&cmd, rest)) = req.split_first() else { return };
-        let reply = match cmd {
-            b'P' => {
-                let Some((k, v)) = split_kv(rest) else { return };
+        let reply = match parse_request(&req) {
+            Ok(Request::Put(k, v)) => {
                 let mut t = sh.table.lock().unwrap_or_else(|e| e.into_inner());
                 t.map.insert(k.to_vec(), v.to_vec());
                 drop(t);
                 sh.changed.notify_all();
                 Vec::new()
             }
-            b'G' => {
+            Ok(Request::Get(k)) => {
                 let mut t = sh.table.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
-                    if let Some(v) = t.map.get(rest) {
+                    if let Some(v) = t.map.get(k) {
                         break v.clone();
                     }
                     if sh.stop.load(Ordering::SeqCst) {
@@ -181,23 +181,49 @@ fn serve(mut s: TcpStream, peer: SocketAddr, token: [u8; 16], sh: Arc<Shared>) {
                         .0;
                 }
             }
-            b'A' => {
+            Ok(Request::Add(k)) => {
                 let mut t = sh.table.lock().unwrap_or_else(|e| e.into_inner());
-                let c = t.counters.entry(rest.to_vec()).or_insert(0);
+                let c = t.counters.entry(k.to_vec()).or_insert(0);
                 *c += 1;
                 let v = *c;
                 drop(t);
                 sh.changed.notify_all();
                 v.to_le_bytes().to_vec()
             }
-            _ => {
-                tracing::warn!("tutti store: dropped {peer}: unknown request {cmd}");
+            Err(why) => {
+                tracing::warn!("tutti store: dropped {peer}: {why}");
                 return;
             }
         };
         if write_frame(&mut s, &reply).is_err() {
             return;
         }
+    }
+}
+
+/// A decoded store request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// Store a value under a key.
+    Put(&'a [u8], &'a [u8]),
+    /// Wait for a key and return its value.
+    Get(&'a [u8]),
+    /// Add one to a counter.
+    Add(&'a [u8]),
+}
+
+/// Decodes one request frame's payload. Never panics, whatever the bytes.
+pub fn parse_request(req: &[u8]) -> std::result::Result<Request<'_>, String> {
+    let Some((&cmd, rest)) = req.split_first() else {
+        return Err("empty request".into());
+    };
+    match cmd {
+        b'P' => split_kv(rest)
+            .map(|(k, v)| Request::Put(k, v))
+            .ok_or_else(|| "malformed put".into()),
+        b'G' => Ok(Request::Get(rest)),
+        b'A' => Ok(Request::Add(rest)),
+        c => Err(format!("unknown request {c}")),
     }
 }
 

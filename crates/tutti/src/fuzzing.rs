@@ -1,0 +1,59 @@
+//! Entry points for fuzzers and hostile-input tests: feed arbitrary bytes to
+//! the decoders that face the network. Not part of the stable API.
+
+use crate::error::Result;
+use crate::reduce::{DataType, ReduceOp};
+use crate::transport::tcp::TcpLink;
+use crate::transport::{RecvMsg, StepCx};
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+
+pub use crate::bootstrap::store::{parse_request, read_frame, Request, MAX_FRAME};
+
+/// Sends `bytes` over a real loopback TCP connection to a tutti TCP link that
+/// expects one message of `expect_len` bytes of f32 (reduced into a buffer if
+/// `reduce`), then closes the connection. Returns what the link made of it:
+/// `Ok` only if the bytes were exactly a valid message for op 0.
+pub fn tcp_receive(bytes: &[u8], expect_len: usize, reduce: bool) -> Result<()> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| crate::Error::io("bind", e))?;
+    let addr = l.local_addr().map_err(|e| crate::Error::io("addr", e))?;
+    let mut tx = TcpStream::connect(addr).map_err(|e| crate::Error::io("connect", e))?;
+    let (rx, _) = l.accept().map_err(|e| crate::Error::io("accept", e))?;
+    let _ = tx.write_all(bytes);
+    drop(tx);
+    let mut link = TcpLink::new(rx, 1)?;
+    let expect_len = expect_len - expect_len % 4;
+    let mut dst = vec![0u8; expect_len];
+    let src = vec![0u8; expect_len];
+    let mut cx = StepCx {
+        rank: 0,
+        seq: 0,
+        tag: crate::transport::make_tag(crate::CollKind::AllReduce, DataType::F32, ReduceOp::Sum),
+        op_name: "all_reduce",
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        elem: 4,
+        direct_bytes: usize::MAX,
+        bounce: vec![0u8; 4096],
+    };
+    let mut m = RecvMsg::new(dst.as_mut_ptr(), reduce.then_some(src.as_ptr()), expect_len);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !m.done {
+        link.recv(&mut m, &mut cx)?;
+        if std::time::Instant::now() > deadline {
+            return Err(crate::Error::arg("fuzz harness: no progress"));
+        }
+    }
+    Ok(())
+}
+
+/// The 16-byte header a valid op-0 f32 all_reduce message of `len` bytes starts with.
+pub fn valid_header(len: usize) -> [u8; 16] {
+    let h = crate::transport::Header {
+        seq: 0,
+        tag: crate::transport::make_tag(crate::CollKind::AllReduce, DataType::F32, ReduceOp::Sum),
+        flags: 0,
+        len: len as u64,
+    };
+    bytemuck::cast(h)
+}
