@@ -97,7 +97,8 @@ impl Communicator {
     /// microseconds (NaN when forced).
     pub fn plan(&self, coll: crate::Collective, count: usize, dtype: crate::DataType) -> Result<(Algorithm, f64)> {
         let p = crate::algo::Problem::new(coll, self.size, self.rank, count);
-        let ctx = tune_ctx(&self.topo, &self.config, self.ip.is_none() && self.size > 1);
+        let mut ctx = tune_ctx(&self.topo, &self.config, self.ip.is_none() && self.size > 1);
+        ctx.model = self.cost_model();
         if let Some(a) = self.config.algo.get(coll.kind()) {
             if a.build(&crate::algo::Problem { count: 0, ..p.clone() }).is_some() {
                 let t = crate::tune::cost::predict(&ctx.model, &p, a, dtype.size(), &|x, y| ctx.class(x, y)).unwrap_or(f64::NAN);
@@ -168,7 +169,8 @@ impl Communicator {
         let ranks_here = topo.local_size(rank);
         let mut core = Core::new(links, peer_pids, rank, config.clone(), ranks_here, segment);
         core.tune = tune_ctx(&topo, &config, false);
-        Ok(Communicator {
+        let key = format!("{:?}/{:?}", topo.hosts.iter().map(|h| h.ranks.len()).collect::<Vec<_>>(), topo.transports.iter().flatten().collect::<Vec<_>>());
+        let comm = Communicator {
             engine: Engine::new(core),
             rank,
             size: nranks,
@@ -179,7 +181,18 @@ impl Communicator {
             token: id.token,
             ip: Some(j.ip),
             rescue: rescue.map(|l| (l, peer_addrs)),
-        })
+        };
+        let model = crate::tune::calibrate::calibrate(&comm, &key)?;
+        comm.engine.with_core(|c| {
+            c.tune.model = model;
+            c.forget_decisions();
+        });
+        Ok(comm)
+    }
+
+    /// The cost-model parameters this communicator's tuner uses.
+    pub fn cost_model(&self) -> crate::tune::CostModel {
+        self.engine.with_core(|c| c.tune.model)
     }
 
     /// Joins the job described by the environment: `TUTTI_*` (as set by

@@ -54,6 +54,8 @@ pub(crate) struct Core {
     pub local_index: usize,
     next_turn: u64,
     seq: u64,
+    /// Collectives run (send/recv excluded): what headers carry.
+    coll_seq: u32,
     scratch: Vec<u8>,
     bounce: Vec<u8>,
     pad: Scratchpad,
@@ -95,6 +97,7 @@ impl Core {
             local_index,
             next_turn: 0,
             seq: 0,
+            coll_seq: 0,
             scratch: Vec::new(),
             bounce: vec![0u8; 256 << 10],
             pad: Scratchpad::default(),
@@ -109,6 +112,12 @@ impl Core {
 
     fn bell(&self) -> Option<&Doorbell> {
         self.bell_owner.as_ref().map(|s| s.bell(self.local_index))
+    }
+
+    /// Drops cached algorithm decisions (after the cost model changed).
+    pub(crate) fn forget_decisions(&mut self) {
+        self.cache.clear();
+        self.last = None;
     }
 
     /// The number of ops this communicator has run.
@@ -232,6 +241,13 @@ impl Core {
     }
 
     fn run_schedule(&mut self, c: &OpCall, seq: u64, sched: &Schedule, abort: &AtomicBool) -> Result<()> {
+        let coll_seq = if c.coll.kind() == crate::algo::CollKind::SendRecv {
+            crate::transport::P2P_SEQ
+        } else {
+            let s = self.coll_seq;
+            self.coll_seq = self.coll_seq.wrapping_add(1) % crate::transport::P2P_SEQ;
+            s
+        };
         let esz = c.dtype.size();
         let n = self.nranks;
         let need = sched.scratch * esz;
@@ -255,7 +271,8 @@ impl Core {
         let mut cx = StepCx {
             rank: self.rank,
             seq,
-            tag: make_tag(c.coll.kind(), c.dtype, op),
+            tag: make_tag(c.coll.kind(), c.dtype, op, c.coll.root().unwrap_or(0)),
+            coll_seq,
             op_name: c.coll.kind().name(),
             dtype: c.dtype,
             op,

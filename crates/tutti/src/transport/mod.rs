@@ -24,6 +24,14 @@ pub(crate) mod tcp;
 use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, ReduceOp};
 
+/// `Header::seq` of point-to-point messages, which have no collective order.
+pub(crate) const P2P_SEQ: u32 = u32::MAX;
+
+/// The link counter bits of `Header::flags` for message number `n`.
+pub(crate) fn msg_flags(n: u32) -> u16 {
+    ((n & 0x7fff) << 1) as u16
+}
+
 /// Bytes of a message header.
 pub(crate) const HEADER_BYTES: usize = 16;
 
@@ -31,11 +39,13 @@ pub(crate) const HEADER_BYTES: usize = 16;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct Header {
-    /// Low 32 bits of the op's sequence number on the communicator.
+    /// Low 32 bits of the collective's sequence number on the communicator
+    /// (counting collectives only), or [`P2P_SEQ`] for send/recv.
     pub seq: u32,
-    /// Fingerprint of the collective kind, data type and reduction.
+    /// Fingerprint of the collective kind, data type, reduction and root.
     pub tag: u16,
-    /// Transport flags.
+    /// Bit 0: a direct-read descriptor follows. Bits 1..16: the message's
+    /// number on its link (mod 2^15), so a lost or repeated message shows.
     pub flags: u16,
     /// Payload bytes.
     pub len: u64,
@@ -200,7 +210,10 @@ unsafe impl Send for RecvMsg {}
 /// the element type and reduction, and scratch space for the transports.
 pub(crate) struct StepCx {
     pub rank: usize,
+    /// The op's sequence number on the communicator (for messages and errors).
     pub seq: u64,
+    /// What goes in `Header::seq`: the collective sequence number, or [`P2P_SEQ`].
+    pub coll_seq: u32,
     pub tag: u16,
     pub op_name: &'static str,
     pub dtype: DataType,
@@ -213,34 +226,45 @@ pub(crate) struct StepCx {
 }
 
 impl StepCx {
-    /// Checks an incoming header against what this rank expects.
-    pub(crate) fn check_header(&self, h: &Header, len: usize, peer: usize) -> Result<()> {
-        if h.seq != self.seq as u32 || h.tag != self.tag {
-            return Err(Error::Mismatch {
-                rank: self.rank,
-                peer,
-                seq: self.seq,
-                msg: format!(
-                    "this rank runs {} (op #{}, {}), rank {peer} sent a message of {} (op #{}, {})",
-                    self.op_name,
-                    self.seq,
-                    describe_tag(self.tag),
-                    tag_name(h.tag),
-                    h.seq,
-                    describe_tag(h.tag)
-                ),
-            });
+    /// Checks an incoming header against what this rank expects: the `n`-th
+    /// message on the link from `peer`, of `len` bytes, for this op.
+    pub(crate) fn check_header(&self, h: &Header, len: usize, peer: usize, n: u32) -> Result<()> {
+        let mismatch = |msg: String| Error::Mismatch {
+            rank: self.rank,
+            peer,
+            seq: self.seq,
+            msg,
+        };
+        if h.flags & !1 != msg_flags(n) {
+            return Err(mismatch(format!(
+                "message {} from rank {peer} arrived where message {} was expected (lost or repeated data)",
+                h.flags >> 1,
+                n & 0x7fff
+            )));
+        }
+        if h.tag != self.tag || (h.seq != self.coll_seq && h.seq != P2P_SEQ && self.coll_seq != P2P_SEQ) {
+            let which = |seq: u32| {
+                if seq == P2P_SEQ {
+                    "send/recv".to_string()
+                } else {
+                    format!("collective #{seq}")
+                }
+            };
+            return Err(mismatch(format!(
+                "this rank runs {} ({}, {}), rank {peer} sent a message of {} ({}, {}); every rank must call the same collectives in the same order with the same type, op and root",
+                self.op_name,
+                which(self.coll_seq),
+                describe_tag(self.tag),
+                tag_name(h.tag),
+                which(h.seq),
+                describe_tag(h.tag)
+            )));
         }
         if h.len != len as u64 {
-            return Err(Error::Mismatch {
-                rank: self.rank,
-                peer,
-                seq: self.seq,
-                msg: format!(
-                    "{} (op #{}): this rank expects {len} bytes from rank {peer}, which sent {} bytes; do all ranks pass the same count?",
-                    self.op_name, self.seq, h.len
-                ),
-            });
+            return Err(mismatch(format!(
+                "{} (op #{}): this rank expects {len} bytes from rank {peer}, which sent {} bytes; do all ranks pass the same count?",
+                self.op_name, self.seq, h.len
+            )));
         }
         Ok(())
     }
@@ -257,23 +281,24 @@ impl StepCx {
     }
 }
 
-/// The tag of an op: collective kind, data type and reduction op in 16 bits.
-pub(crate) fn make_tag(kind: crate::algo::CollKind, dtype: DataType, op: ReduceOp) -> u16 {
+/// The tag of an op in 16 bits: collective kind, data type, reduction op
+/// and root (mod 16), four bits each.
+pub(crate) fn make_tag(kind: crate::algo::CollKind, dtype: DataType, op: ReduceOp, root: usize) -> u16 {
     let k = crate::algo::CollKind::ALL.iter().position(|x| *x == kind).unwrap_or(15) as u16;
     let d = DataType::ALL.iter().position(|x| *x == dtype).unwrap_or(15) as u16;
     let o = ReduceOp::ALL.iter().position(|x| *x == op).unwrap_or(15) as u16;
-    (k << 8) | (d << 4) | o
+    (k << 12) | (d << 8) | (o << 4) | (root as u16 & 15)
 }
 
 fn tag_name(tag: u16) -> &'static str {
     crate::algo::CollKind::ALL
-        .get((tag >> 8) as usize)
+        .get((tag >> 12) as usize)
         .map(|k| k.name())
         .unwrap_or("?")
 }
 
 fn describe_tag(tag: u16) -> String {
-    let d = DataType::ALL.get(((tag >> 4) & 15) as usize).map(|d| d.name()).unwrap_or("?");
-    let o = ReduceOp::ALL.get((tag & 15) as usize).map(|o| o.name()).unwrap_or("?");
-    format!("dtype {d}, op {o}")
+    let d = DataType::ALL.get(((tag >> 8) & 15) as usize).map(|d| d.name()).unwrap_or("?");
+    let o = ReduceOp::ALL.get(((tag >> 4) & 15) as usize).map(|o| o.name()).unwrap_or("?");
+    format!("dtype {d}, op {o}, root {} (mod 16)", tag & 15)
 }

@@ -35,7 +35,7 @@
 //! only then sleeps on the sequence number it read, so no wake-up is lost.
 
 use super::sys;
-use super::{Header, RecvMsg, SendMsg, StepCx, HEADER_BYTES};
+use super::{msg_flags, Header, RecvMsg, SendMsg, StepCx, HEADER_BYTES};
 use crate::error::{Error, Result};
 use crossbeam_utils::CachePadded;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -261,6 +261,9 @@ pub(crate) struct RingLink {
     direct: DirectRead,
     /// Direct messages this side has sent (the `acked` target).
     direct_sent: u64,
+    /// Messages sent and received on this link.
+    sent_msgs: u32,
+    recv_msgs: u32,
 }
 
 impl RingLink {
@@ -271,6 +274,8 @@ impl RingLink {
             peer,
             direct,
             direct_sent: 0,
+            sent_msgs: 0,
+            recv_msgs: 0,
         }
     }
 
@@ -299,11 +304,12 @@ impl RingLink {
                 return Ok(false);
             }
             let hdr = Header {
-                seq: cx.seq as u32,
+                seq: cx.coll_seq,
                 tag: cx.tag,
-                flags: if direct { FLAG_DIRECT } else { 0 },
+                flags: msg_flags(self.sent_msgs) | if direct { FLAG_DIRECT } else { 0 },
                 len: m.len as u64,
             };
+            self.sent_msgs = self.sent_msgs.wrapping_add(1);
             // SAFETY: [h, h+need) is free space owned by the writer (free >=
             // need), 16-aligned and not wrapping (cap is a multiple of 16 and
             // every message is padded to 16).
@@ -380,7 +386,8 @@ impl RingLink {
                     HEADER_BYTES,
                 )
             };
-            cx.check_header(&hdr, m.len, self.peer)?;
+            cx.check_header(&hdr, m.len, self.peer, self.recv_msgs)?;
+            self.recv_msgs = self.recv_msgs.wrapping_add(1);
             if hdr.flags & FLAG_DIRECT != 0 {
                 if head - t < (HEADER_BYTES + DESC_BYTES) as u64 {
                     return Ok(false);

@@ -3,7 +3,7 @@
 //! reducing receive reads into the bounce buffer and reduces whole elements,
 //! carrying a partial element over to the next read.
 
-use super::{Header, RecvMsg, SendMsg, StepCx, HEADER_BYTES};
+use super::{msg_flags, Header, RecvMsg, SendMsg, StepCx, HEADER_BYTES};
 use crate::error::{Error, Result};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::TcpStream;
@@ -22,6 +22,9 @@ pub(crate) struct TcpLink {
     /// Bytes of a partial element left over from the previous read.
     carry: [u8; 8],
     carry_len: usize,
+    /// Messages sent and received on this link.
+    sent_msgs: u32,
+    recv_msgs: u32,
 }
 
 impl TcpLink {
@@ -51,6 +54,8 @@ impl TcpLink {
             in_hdr_got: 0,
             carry: [0; 8],
             carry_len: 0,
+            sent_msgs: 0,
+            recv_msgs: 0,
         })
     }
 
@@ -72,11 +77,12 @@ impl TcpLink {
         let mut moved = false;
         if !m.header_sent && self.out_hdr_sent == 0 {
             let h = Header {
-                seq: cx.seq as u32,
+                seq: cx.coll_seq,
                 tag: cx.tag,
-                flags: 0,
+                flags: msg_flags(self.sent_msgs),
                 len: m.len as u64,
             };
+            self.sent_msgs = self.sent_msgs.wrapping_add(1);
             self.out_hdr.copy_from_slice(bytemuck::bytes_of(&h));
         }
         loop {
@@ -130,7 +136,8 @@ impl TcpLink {
                     self.in_hdr_got += k;
                     if self.in_hdr_got == HEADER_BYTES {
                         let h: Header = bytemuck::pod_read_unaligned(&self.in_hdr);
-                        cx.check_header(&h, m.len, self.peer)?;
+                        cx.check_header(&h, m.len, self.peer, self.recv_msgs)?;
+                        self.recv_msgs = self.recv_msgs.wrapping_add(1);
                         self.in_hdr_got = 0;
                         m.header_seen = true;
                     }

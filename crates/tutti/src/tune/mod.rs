@@ -5,6 +5,7 @@
 //! cheapest wins ([`choose_with`]). The decision is cached per call shape by
 //! the engine, so the pricing runs once per shape, not once per call.
 
+pub(crate) mod calibrate;
 pub mod cost;
 
 use crate::algo::{Algorithm, CollKind, Problem};

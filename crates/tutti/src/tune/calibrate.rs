@@ -1,0 +1,161 @@
+//! Measuring the cost model's parameters when a communicator is created.
+//!
+//! Rank 0 decides and broadcasts, so every rank ends with the same
+//! parameters (and so picks the same algorithms). If rank 0 has a cached
+//! measurement for this host layout it is used; otherwise rank 0 and rank 1
+//! (shared memory, if they share a host) and rank 0 and the first rank of
+//! another host (TCP) ping-pong 8-byte messages and stream 1 MiB messages,
+//! and rank 0 caches the result in `~/.cache/tutti/` (or
+//! `$XDG_CACHE_HOME/tutti/`). `TUTTI_CALIBRATE=0` skips all of it and keeps
+//! the defaults; `TUTTI_CALIBRATE=force` measures even with a cache.
+
+use super::{CostModel, LinkClass, LinkCost};
+use crate::algo::Algorithm;
+use crate::comm::Options;
+use crate::error::Result;
+use crate::{Collective, Communicator, DataType, RawCall, ReduceOp};
+use std::path::PathBuf;
+use std::time::Instant;
+
+fn cache_path(key: &str) -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in key.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+    }
+    Some(base.join("tutti").join(format!("costmodel-{h:016x}.json")))
+}
+
+/// The cost model for `comm`: cached, measured, or the defaults.
+pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel> {
+    let mode = std::env::var("TUTTI_CALIBRATE").unwrap_or_default();
+    if mode == "0" || comm.size() < 2 {
+        return Ok(CostModel::default());
+    }
+    let path = cache_path(ctx_key);
+    // Rank 0 decides: 1 = here is a cached model, 0 = measure.
+    let mut blob = vec![0u8; 1024];
+    if comm.rank() == 0 && mode != "force" {
+        // A cached measurement older than an hour is taken again: a machine
+        // that was busy when it was measured should not steer choices for long.
+        let fresh = |p: &PathBuf| {
+            std::fs::metadata(p)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_secs() < 3600)
+        };
+        if let Some(b) = path.as_ref().filter(|p| fresh(p)).and_then(|p| std::fs::read(p).ok()) {
+            if serde_json::from_slice::<CostModel>(&b).is_ok() && b.len() < blob.len() - 2 {
+                blob[0] = 1;
+                blob[1] = b.len() as u8;
+                blob[2] = (b.len() >> 8) as u8;
+                blob[3..3 + b.len()].copy_from_slice(&b);
+            }
+        }
+    }
+    comm.broadcast(&mut blob, 0)?;
+    if blob[0] == 1 {
+        let len = blob[1] as usize | (blob[2] as usize) << 8;
+        return Ok(serde_json::from_slice(&blob[3..3 + len]).unwrap_or_default());
+    }
+    let mut model = CostModel::default();
+    let topo = comm.topology();
+    let same_host = (1..comm.size()).find(|&r| topo.host_of[r] == topo.host_of[0]);
+    let other_host = (1..comm.size()).find(|&r| topo.host_of[r] != topo.host_of[0]);
+    let tcp_forced = comm.config().transport == crate::config::TransportChoice::Tcp;
+    for (peer, class) in [(same_host, if tcp_forced { LinkClass::Tcp } else { LinkClass::Shm }), (other_host, LinkClass::Tcp)] {
+        let Some(peer) = peer else { continue };
+        if let Some(mut c) = measure(comm, peer)? {
+            // Keep measurements within 10x of the defaults: a wildly busy
+            // machine measures noise, not the link.
+            let d = CostModel::default().link(class);
+            c.alpha_us = c.alpha_us.clamp(d.alpha_us / 10.0, d.alpha_us * 10.0);
+            c.gbps = c.gbps.clamp(d.gbps / 10.0, d.gbps * 10.0);
+            match class {
+                LinkClass::Shm => model.shm = c,
+                LinkClass::Tcp => model.tcp = c,
+                LinkClass::Local => model.local = c,
+            }
+        }
+    }
+    let mut blob = vec![0u8; 1024];
+    if comm.rank() == 0 {
+        let b = serde_json::to_vec(&model).expect("serialise");
+        blob[1] = b.len() as u8;
+        blob[2] = (b.len() >> 8) as u8;
+        blob[3..3 + b.len()].copy_from_slice(&b);
+        if let Some(p) = &path {
+            let _ = std::fs::create_dir_all(p.parent().expect("has a parent"));
+            let _ = std::fs::write(p, &b);
+        }
+    }
+    comm.broadcast(&mut blob, 0)?;
+    let len = blob[1] as usize | (blob[2] as usize) << 8;
+    Ok(serde_json::from_slice(&blob[3..3 + len]).unwrap_or_default())
+}
+
+/// Ping-pong and streaming between rank 0 and `peer`; every rank takes part
+/// in the barriers. Returns rank 0's measurement (others return `None`).
+fn measure(comm: &Communicator, peer: usize) -> Result<Option<LinkCost>> {
+    let me = comm.rank();
+    comm.barrier()?;
+    let mut out = None;
+    if me == 0 || me == peer {
+        let other = if me == 0 { peer } else { 0 };
+        let mut small = [0u8; 8];
+        let mut big = vec![0u8; 1 << 20];
+        let direct = Options {
+            algorithm: Some(Algorithm::Direct),
+            timeout: None,
+        };
+        let xfer = |buf: &mut [u8], send: bool| -> Result<()> {
+            let c = RawCall {
+                coll: if send { Collective::Send { peer: other } } else { Collective::Recv { peer: other } },
+                dtype: DataType::U8,
+                op: ReduceOp::Sum,
+                count: buf.len(),
+                send: buf.as_ptr(),
+                send_len: if send { buf.len() } else { 0 },
+                recv: buf.as_mut_ptr(),
+                recv_len: if send { 0 } else { buf.len() },
+                vcounts: None,
+            };
+            // SAFETY: the buffer is borrowed exclusively for the call.
+            unsafe { comm.run_raw(&c, &direct) }
+        };
+        // Minimums, not means: a busy machine only ever adds time.
+        let mut best_rtt = f64::INFINITY;
+        for _ in 0..40 {
+            let t = Instant::now();
+            if me == 0 {
+                xfer(&mut small, true)?;
+                xfer(&mut small, false)?;
+            } else {
+                xfer(&mut small, false)?;
+                xfer(&mut small, true)?;
+            }
+            best_rtt = best_rtt.min(t.elapsed().as_secs_f64());
+        }
+        let alpha_us = best_rtt * 1e6 / 2.0;
+        let mut best_big = f64::INFINITY;
+        for _ in 0..6 {
+            let t = Instant::now();
+            xfer(&mut big, me == 0)?;
+            xfer(&mut small, me != 0)?; // the receiver confirms
+            best_big = best_big.min(t.elapsed().as_secs_f64());
+        }
+        let secs = (best_big - 2.0 * alpha_us * 1e-6).max(1e-9);
+        let gbps = big.len() as f64 / secs / 1e9;
+        if me == 0 {
+            out = Some(LinkCost {
+                alpha_us: alpha_us.clamp(0.05, 10_000.0),
+                gbps: gbps.clamp(0.01, 100.0),
+            });
+        }
+    }
+    comm.barrier()?;
+    Ok(out)
+}
