@@ -11,6 +11,7 @@
 //! Where the rank, size and master come from: [`UniqueId`] (launcher-free,
 //! like `ncclGetUniqueId`), or the environment ([`EnvInfo::from_env`]).
 
+pub mod rank_table;
 pub mod store;
 
 use crate::config::{Config, TransportChoice};
@@ -153,6 +154,17 @@ impl EnvInfo {
     /// Slurm and Open MPI do not name a master: `TUTTI_MASTER_ADDR` or
     /// `MASTER_ADDR` (and the port) must then be set as well.
     pub fn from_env() -> Result<EnvInfo> {
+        if let Some(path) = env("TUTTI_RANK_TABLE") {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| Error::Config(format!("TUTTI_RANK_TABLE={path:?}: {e}")))?;
+            let table = rank_table::RankTable::parse(&text)?;
+            let rank = ["TUTTI_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"]
+                .iter()
+                .find_map(|v| num::<usize>(v).transpose())
+                .transpose()?
+                .ok_or_else(|| Error::Config("TUTTI_RANK_TABLE is set but no rank is: set TUTTI_RANK".into()))?;
+            return table.env_info(rank);
+        }
         let sources: [(&str, &str, &str, &str); 4] = [
             ("tutti", "TUTTI_RANK", "TUTTI_WORLD_SIZE", "TUTTI_LOCAL_RANK"),
             ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),

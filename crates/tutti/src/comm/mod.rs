@@ -201,7 +201,15 @@ impl Communicator {
     pub fn from_env() -> Result<Communicator> {
         let e = EnvInfo::from_env()?;
         let id = e.unique_id()?;
-        Self::init_rank(&id, e.world_size, e.rank)
+        let mut config = Config::from_env()?;
+        if e.source == "rank table" && config.host_id.is_none() {
+            // The table decides which ranks share a host.
+            let path = std::env::var("TUTTI_RANK_TABLE").unwrap_or_default();
+            let text = std::fs::read_to_string(&path).map_err(|err| Error::Config(format!("{path}: {err}")))?;
+            let t = crate::bootstrap::rank_table::RankTable::parse(&text)?;
+            config.host_id = t.host_of(e.rank).map(|h| h.name.clone());
+        }
+        Self::init_rank_with(&id, e.world_size, e.rank, config)
     }
 
     /// This rank, in `0..size()`.
