@@ -44,6 +44,8 @@
 //! is reduced once, at that tree's root, in the order fixed by the tree
 //! shape, and every other rank receives a copy of the result.
 
+#![forbid(unsafe_code)]
+
 use super::tree::{btree, chunk_ranges, down, up, Node};
 use super::{block, Buf, Collective, Problem, Step};
 
@@ -51,13 +53,19 @@ use super::{block, Buf, Collective, Problem, Step};
 /// is real rank `real(u)` and the trees' roots hang below `above` (if any).
 fn nodes(m: usize, u: usize, real: impl Fn(usize) -> usize, above: Option<usize>) -> [Node; 2] {
     let to1 = |x: usize| {
-        if m % 2 == 0 {
+        if m.is_multiple_of(2) {
             m - 1 - x
         } else {
             (x + m - 1) % m
         }
     };
-    let from1 = |x: usize| if m % 2 == 0 { m - 1 - x } else { (x + 1) % m };
+    let from1 = |x: usize| {
+        if m.is_multiple_of(2) {
+            m - 1 - x
+        } else {
+            (x + 1) % m
+        }
+    };
     let node = |v: usize, back: &dyn Fn(usize) -> usize| {
         let (parent, children) = btree(m, v);
         Node {
@@ -71,7 +79,11 @@ fn nodes(m: usize, u: usize, real: impl Fn(usize) -> usize, above: Option<usize>
 /// The root's node in each tree when it hangs above both trees over `m`
 /// members: one child, the tree's top (none when `m == 0`).
 fn root_nodes(m: usize, real: impl Fn(usize) -> usize) -> [Node; 2] {
-    let top1 = if m % 2 == 0 { m.max(1) - 1 } else { 1 % m };
+    let top1 = if m.is_multiple_of(2) {
+        m.max(1) - 1
+    } else {
+        1 % m
+    };
     [0, top1].map(|u| Node {
         parent: None,
         children: (m > 0).then(|| real(u)).into_iter().collect(),
@@ -157,10 +169,8 @@ mod tests {
     #[test]
     fn root_nodes_point_at_the_tops() {
         for m in 1..=40usize {
-            let tops = root_nodes(m, |x| x);
-            for t in 0..2 {
-                let top = tops[t].children[0];
-                assert!(btree(m, 0).0.is_none());
+            for (t, root) in root_nodes(m, |x| x).iter().enumerate() {
+                let top = root.children[0];
                 let node = &nodes(m, top, |x| x, Some(999))[t];
                 assert_eq!(node.parent, Some(999), "m={m} tree {t}: top {top}");
             }

@@ -13,23 +13,33 @@
 //!   exchanging everything held so far; the ranges double each round.
 //! ```
 //!
-//! **Non-powers of two (the fold).** The first `2e` ranks pair up: even rank
-//! `2j` hands its data to `2j+1` before the core and gets the result back
-//! after it; `2j+1` is member `j`, ranks `>= 2e` are members `r - e`.
-//! Members cover the ranks' blocks in order (member `j < e` owns blocks
-//! `2j, 2j+1`, the others one block), so the core needs no renumbering of
-//! data and every count, including 0, 1 and primes, splits exactly.
+//! **Non-powers of two (the fold).** `e` pairs of adjacent ranks `(r, r+1)`
+//! fold: `r` hands its data to `r+1` before the core and gets the result
+//! back after it; `r+1` is the pair's member, every other rank is a member
+//! on its own. Members cover the ranks' blocks in rank order (a pair's
+//! member owns two blocks), so the core needs no renumbering of data and
+//! every count, including 0, 1 and primes, splits exactly. The pairs sit at
+//! the members whose bit-reversed index is below `e`, which spreads them
+//! evenly: both sides of every halving round hold the same number of blocks
+//! to within one.
+//!
+//! ```text
+//!   n = 6, p = 4, e = 2:  ranks  0 1 | 2 | 3 4 | 5
+//!                         member   0   | 1 |  2  | 3     (pairs at members 0, 2)
+//! ```
 //!
 //! * **AllReduce**: fold, reduce-scatter of `p` element groups, all-gather,
 //!   unfold. Per rank: `2 log2 p` latency steps and `2 (p-1)/p * S` bytes for
 //!   a power of two; otherwise the paired ranks add 2 steps and `S` each way.
-//! * **ReduceScatter**: fold (the even rank sends its whole `n*c` input), then
-//!   halving over the ranks' blocks; in the last round a member that owns two
-//!   blocks passes its partner's block on to it in a fused step. `log2 p`
-//!   steps, `(p-1)/p * n*c` elements sent (+ `n*c` and 2 steps when folded).
-//! * **AllGather**: fold (the even rank gives its block), doubling over the
-//!   ranks' blocks, then the odd rank sends the even one everything it lacks.
-//!   `log2 p` steps, `(p-1)/p * n*c` elements (+ `n*c` and 2 steps when folded).
+//! * **ReduceScatter**: fold (the first rank of a pair sends its whole `n*c`
+//!   input), then halving over the ranks' blocks; in the last round a member
+//!   that owns two blocks passes its pair's block on to it in a fused step.
+//!   `log2 p` steps; a member sends the `n*c` input less its own blocks; a
+//!   folded rank sends `n*c`, and its pair's path gains 2 steps.
+//! * **AllGather**: fold (the first rank of a pair gives its block),
+//!   doubling over the ranks' blocks, then the pair's member sends the other
+//!   everything it lacks. `log2 p` steps and about `(n-1)/n * n*c` elements
+//!   sent; a pair's member sends about twice that, in 2 more steps.
 //!
 //! Partial sums live in Output (AllReduce) or Scratch (ReduceScatter): Input
 //! is only read. Empty messages (counts below `p`) are skipped by both sides.
@@ -40,49 +50,60 @@
 //! its block after the last halving round), along a pairing tree fixed by
 //! `n`; the all-gather and the unfold only copy that value to the others.
 
+#![forbid(unsafe_code)]
+
 use super::tree::prev_pow2;
 use super::{block, Collective, Loc, Problem, Step};
 use std::ops::Range;
 
-/// The fold: member count, extra ranks, and how ranks map to members.
+/// The fold: which ranks pair up, and how ranks and their blocks map to
+/// members.
 struct Fold {
     /// Members (a power of two).
     p: usize,
-    /// Extra ranks: ranks `0..2e` pair up.
-    e: usize,
+    /// `first[i]`: the first rank (and rank block) of member `i`; `first[p] = n`.
+    first: Vec<usize>,
 }
 
 impl Fold {
+    /// Member `i` stands for two ranks when the bit-reversal of `i` (over
+    /// `log2 p` bits) is below `n - p`: the pairs are spread evenly, so each
+    /// half of every halving round holds nearly the same number of blocks.
     fn new(n: usize) -> Self {
         let p = prev_pow2(n);
-        Fold { p, e: n - p }
+        let bits = p.trailing_zeros();
+        let rev = |i: usize| {
+            i.reverse_bits()
+                .checked_shr(usize::BITS - bits)
+                .unwrap_or(0)
+        };
+        let mut first = vec![0];
+        for i in 0..p {
+            first.push(first[i] + 1 + usize::from(rev(i) < n - p));
+        }
+        Fold { p, first }
     }
 
-    /// The member this rank acts as, or `None` for a rank that folds away.
+    /// True when member `i` stands for two ranks.
+    fn paired(&self, i: usize) -> bool {
+        self.first[i + 1] - self.first[i] == 2
+    }
+
+    /// The member rank `r` acts as, or `None` for a rank that folds away
+    /// into rank `r + 1`. A paired member is the second rank of its pair.
     fn member(&self, r: usize) -> Option<usize> {
-        if r < 2 * self.e {
-            (r % 2 == 1).then_some(r / 2)
-        } else {
-            Some(r - self.e)
-        }
+        let i = self.first.partition_point(|&f| f <= r) - 1;
+        (!self.paired(i) || r > self.first[i]).then_some(i)
     }
 
     /// The rank acting as member `i`.
     fn rank(&self, i: usize) -> usize {
-        if i < self.e {
-            2 * i + 1
-        } else {
-            i + self.e
-        }
+        self.first[i + 1] - 1
     }
 
     /// First rank block owned by member `i` (`n` for `i == p`).
     fn first_block(&self, i: usize) -> usize {
-        if i < self.e {
-            2 * i
-        } else {
-            i + self.e
-        }
+        self.first[i]
     }
 }
 
@@ -140,6 +161,7 @@ pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
     Some(s)
 }
 
+/// Rabenseifner AllReduce: fold, halving reduce-scatter, doubling all-gather, unfold.
 fn all_reduce(s: &mut Vec<Step>, pb: &Problem) {
     let (n, r, c) = (pb.nranks, pb.rank, pb.count);
     if c == 0 || (n == 1 && pb.in_place) {
@@ -166,7 +188,7 @@ fn all_reduce(s: &mut Vec<Step>, pb: &Problem) {
         });
         return;
     };
-    let folded = r < 2 * f.e;
+    let folded = f.paired(i);
     if folded {
         s.push(Step::RecvReduce {
             peer: r - 1,
@@ -228,6 +250,7 @@ fn all_reduce(s: &mut Vec<Step>, pb: &Problem) {
     }
 }
 
+/// ReduceScatter by recursive halving over the ranks' blocks.
 fn reduce_scatter(s: &mut Vec<Step>, pb: &Problem) {
     let (n, r, c) = (pb.nranks, pb.rank, pb.count);
     if c == 0 {
@@ -257,7 +280,7 @@ fn reduce_scatter(s: &mut Vec<Step>, pb: &Problem) {
         });
         return;
     };
-    let folded = r < 2 * f.e;
+    let folded = f.paired(i);
     if folded {
         s.push(Step::RecvReduce {
             peer: r - 1,
@@ -318,6 +341,7 @@ fn reduce_scatter(s: &mut Vec<Step>, pb: &Problem) {
     }
 }
 
+/// AllGather by recursive doubling over the ranks' blocks.
 fn all_gather(s: &mut Vec<Step>, pb: &Problem) {
     let (n, r, c) = (pb.nranks, pb.rank, pb.count);
     if c == 0 || n == 1 {
@@ -346,7 +370,7 @@ fn all_gather(s: &mut Vec<Step>, pb: &Problem) {
         });
         return;
     };
-    let folded = r < 2 * f.e;
+    let folded = f.paired(i);
     if folded {
         s.push(Step::Recv {
             peer: r - 1,
@@ -401,11 +425,21 @@ mod tests {
                     blocks.contains(&f.rank(i)),
                     "n={n}: member {i} owns its rank's block"
                 );
-                assert_eq!(blocks.len(), if i < f.e { 2 } else { 1 });
+                assert_eq!(blocks.len(), if f.paired(i) { 2 } else { 1 });
             }
             assert_eq!(f.first_block(f.p), n);
             let away = (0..n).filter(|&r| f.member(r).is_none()).count();
-            assert_eq!(away, f.e);
+            assert_eq!(away, n - f.p);
+            // Every halving split keeps the blocks of the two sides within one.
+            for i in 0..f.p {
+                for (_, keep, give) in halving(f.p, i) {
+                    let blocks = |g: &Range<usize>| f.first_block(g.end) - f.first_block(g.start);
+                    assert!(
+                        blocks(&keep).abs_diff(blocks(&give)) <= 1,
+                        "n={n}: {keep:?} {give:?}"
+                    );
+                }
+            }
         }
     }
 

@@ -19,6 +19,8 @@
 //!
 //! No element is reduced, so results are trivially bitwise identical.
 
+#![forbid(unsafe_code)]
+
 use super::{Collective, Loc, Problem, Step};
 
 /// Builds the pairwise schedule, or `None` for collectives it does not do.

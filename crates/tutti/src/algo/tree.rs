@@ -66,6 +66,8 @@
 //! order), and every other rank receives a copy of that value. Reduce has a
 //! single result. So every rank ends with the same bits.
 
+#![forbid(unsafe_code)]
+
 use super::{Buf, Collective, Loc, Problem, Step};
 use std::ops::Range;
 
@@ -303,13 +305,9 @@ pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
 /// Splits the relative range `a..b` where the absolute ranks wrap from
 /// `n-1` to 0 (relative index `n - root`), so each piece is contiguous in
 /// absolute rank order too.
-fn pieces(n: usize, root: usize, a: usize, b: usize) -> Vec<Range<usize>> {
-    let w = n - root;
-    if a < w && w < b {
-        vec![a..w, w..b]
-    } else {
-        vec![a..b]
-    }
+fn pieces(n: usize, root: usize, a: usize, b: usize) -> impl Iterator<Item = Range<usize>> {
+    let w = (n - root).clamp(a, b);
+    [a..w, w..b].into_iter().filter(|x| !x.is_empty())
 }
 
 /// Where relative block `x` lives on node `v`: Output (absolute order) on the

@@ -207,6 +207,16 @@ fn bytes_sent_match_the_docs() {
         sent(Collective::Gather { root: 0 }, Algorithm::Tree).0,
         4 * c
     );
+    // n = 12 folds 4 pairs onto p = 8 members.
+    let n = 12;
+    let sent = |coll, alg: Algorithm| {
+        let r = verify(&problems(coll, n, c, false), alg).unwrap().unwrap();
+        r.elems_sent.into_iter().max().unwrap()
+    };
+    let hd = Algorithm::HalvingDoubling;
+    assert_eq!(sent(Collective::AllReduce, hd), 2 * 7 * c / 8 + c);
+    assert_eq!(sent(Collective::ReduceScatter, hd), n * c);
+    assert_eq!(sent(Collective::AllGather, hd), 2 * (n - 1) * c);
 }
 
 #[test]
