@@ -27,6 +27,7 @@ pub enum TransportChoice {
 /// | `TUTTI_SPIN_US` | [`spin`](Config::spin) | 500 us, or 50 us (yielding) when ranks outnumber cores |
 /// | `TUTTI_SOCKET_IFNAME` | [`socket_ifname`](Config::socket_ifname) | any |
 /// | `TUTTI_HOST_ID` | [`host_id`](Config::host_id) | hostname + boot id + network namespace |
+/// | `TUTTI_DETERMINISTIC` (`0`, `1`) | [`deterministic`](Config::deterministic) | 0 |
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Deadline of each operation.
@@ -47,6 +48,8 @@ pub struct Config {
     pub socket_ifname: Option<String>,
     /// Explicit host identity (ranks with the same id use shared memory).
     pub host_id: Option<String>,
+    /// Float reductions independent of the algorithm picked (rank order).
+    pub deterministic: bool,
 }
 
 impl Default for Config {
@@ -61,6 +64,7 @@ impl Default for Config {
             spin: None,
             socket_ifname: None,
             host_id: None,
+            deterministic: false,
         }
     }
 }
@@ -141,6 +145,13 @@ impl Config {
         }
         c.socket_ifname = var("TUTTI_SOCKET_IFNAME");
         c.host_id = var("TUTTI_HOST_ID");
+        if let Some(v) = var("TUTTI_DETERMINISTIC") {
+            c.deterministic = match v.trim() {
+                "1" | "true" | "yes" | "on" => true,
+                "0" | "false" | "no" | "off" => false,
+                _ => return Err(Error::Config(format!("TUTTI_DETERMINISTIC={v:?}: use 1 or 0"))),
+            };
+        }
         Ok(c)
     }
 

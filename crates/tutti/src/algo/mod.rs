@@ -26,6 +26,8 @@
 //! so a ring step is one pass over memory and a chain pipelines on its own.
 
 mod direct;
+mod hierarchical;
+mod two_shot;
 mod double_tree;
 mod halving_doubling;
 mod pairwise;
@@ -434,6 +436,9 @@ pub struct Problem {
     pub vcounts: Option<VCounts>,
     /// Pipeline chunks per block (at least 1); a tuned parameter.
     pub chunks: usize,
+    /// The host of every rank, when the ranks span several hosts (used by
+    /// [`Algorithm::Hierarchical`]).
+    pub hosts: Option<std::sync::Arc<[usize]>>,
 }
 
 impl Problem {
@@ -447,6 +452,7 @@ impl Problem {
             in_place: false,
             vcounts: None,
             chunks: 1,
+            hosts: None,
         }
     }
 }
@@ -466,17 +472,23 @@ pub enum Algorithm {
     Direct,
     /// Pairwise exchange, one peer at a time (AllToAll).
     Pairwise,
+    /// Reduce-scatter then all-gather, both direct, reducing in rank order.
+    TwoShot,
+    /// Within hosts over shared memory, across hosts over the network.
+    Hierarchical,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 6] = [
+    pub const ALL: [Algorithm; 8] = [
         Algorithm::Ring,
         Algorithm::Tree,
         Algorithm::DoubleTree,
         Algorithm::HalvingDoubling,
         Algorithm::Direct,
         Algorithm::Pairwise,
+        Algorithm::TwoShot,
+        Algorithm::Hierarchical,
     ];
 
     /// The name used in `TUTTI_ALGO` and tables.
@@ -488,6 +500,8 @@ impl Algorithm {
             Algorithm::HalvingDoubling => "halving_doubling",
             Algorithm::Direct => "direct",
             Algorithm::Pairwise => "pairwise",
+            Algorithm::TwoShot => "two_shot",
+            Algorithm::Hierarchical => "hierarchical",
         }
     }
 
@@ -501,6 +515,8 @@ impl Algorithm {
             Algorithm::DoubleTree => double_tree::build(p)?,
             Algorithm::HalvingDoubling => halving_doubling::build(p)?,
             Algorithm::Pairwise => pairwise::build(p)?,
+            Algorithm::TwoShot => two_shot::build(p)?,
+            Algorithm::Hierarchical => hierarchical::build(p)?,
         };
         Some(Schedule::new(p, steps))
     }
@@ -525,6 +541,8 @@ impl FromStr for Algorithm {
             "doubletree" | "dtree" => Ok(Algorithm::DoubleTree),
             "hd" | "rabenseifner" | "recursive_doubling" => Ok(Algorithm::HalvingDoubling),
             "one_shot" | "oneshot" => Ok(Algorithm::Direct),
+            "twoshot" | "rs_ag" => Ok(Algorithm::TwoShot),
+            "hier" | "hierarchy" => Ok(Algorithm::Hierarchical),
             _ => Err(Error::arg(format!(
                 "unknown algorithm '{s}'; valid: {}",
                 Algorithm::ALL.map(|a| a.name()).join(", ")

@@ -88,6 +88,7 @@ pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate
         host_of: topo.host_of.clone(),
         threads,
         tcp_only: config.transport == crate::config::TransportChoice::Tcp,
+        deterministic: config.deterministic,
     }
 }
 
@@ -96,9 +97,10 @@ impl Communicator {
     /// elements of `dtype` on this communicator, with the predicted time in
     /// microseconds (NaN when forced).
     pub fn plan(&self, coll: crate::Collective, count: usize, dtype: crate::DataType) -> Result<(Algorithm, f64)> {
-        let p = crate::algo::Problem::new(coll, self.size, self.rank, count);
+        let mut p = crate::algo::Problem::new(coll, self.size, self.rank, count);
         let mut ctx = tune_ctx(&self.topo, &self.config, self.ip.is_none() && self.size > 1);
         ctx.model = self.cost_model();
+        p.hosts = ctx.hosts();
         if let Some(a) = self.config.algo.get(coll.kind()) {
             if a.build(&crate::algo::Problem { count: 0, ..p.clone() }).is_some() {
                 let t = crate::tune::cost::predict(&ctx.model, &p, a, dtype.size(), &|x, y| ctx.class(x, y)).unwrap_or(f64::NAN);

@@ -113,6 +113,7 @@ impl Communicator {
             in_place: false,
             vcounts: c.vcounts.clone(),
             chunks: 1,
+            hosts: None,
         };
         let (mut ie, oe) = buffer_sizes(&p);
         if c.coll == Collective::AllGather {

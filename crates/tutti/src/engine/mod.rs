@@ -201,6 +201,7 @@ impl Core {
             in_place: c.in_place,
             vcounts: c.vcounts.clone(),
             chunks: 1,
+            hosts: self.tune.hosts(),
         };
         let bytes = c.count * esz;
         // Training loops repeat the same call: remember the last decision.
@@ -227,7 +228,7 @@ impl Core {
             self.recorder.set_algorithm(a.name());
             return Ok(s.clone());
         }
-        let alg = crate::tune::select(&key.0, c.dtype.size(), c.algorithm, &self.config.algo, &self.tune)?;
+        let alg = crate::tune::select(&key.0, c.dtype, c.algorithm, &self.config.algo, &self.tune)?;
         let s = Arc::new(
             alg.build(&key.0)
                 .ok_or_else(|| Error::arg(format!("algorithm {alg} does not implement {}", c.coll.kind())))?,

@@ -88,6 +88,8 @@ pub struct TuneCtx {
     pub threads: bool,
     /// TCP is forced between all ranks.
     pub tcp_only: bool,
+    /// Float reductions must not depend on the algorithm (`TUTTI_DETERMINISTIC=1`).
+    pub deterministic: bool,
 }
 
 impl TuneCtx {
@@ -109,7 +111,14 @@ impl TuneCtx {
             host_of: vec![0; n],
             threads: false,
             tcp_only: false,
+            deterministic: false,
         }
+    }
+
+    /// The host layout to put in problems, when ranks span several hosts.
+    pub fn hosts(&self) -> Option<std::sync::Arc<[usize]>> {
+        let many_hosts = self.host_of.iter().any(|&h| h != self.host_of[0]);
+        (many_hosts && !self.threads).then(|| self.host_of.clone().into())
     }
 }
 
@@ -120,8 +129,13 @@ const SIMULATE_ALL_UP_TO: usize = 64;
 /// Prices every algorithm that implements `p` and returns them cheapest
 /// first, with their predicted times in microseconds.
 pub fn rank_algorithms(p: &Problem, elem: usize, ctx: &TuneCtx) -> Vec<(Algorithm, f64)> {
+    rank_among(p, elem, ctx, &Algorithm::ALL)
+}
+
+/// [`rank_algorithms`] restricted to `candidates`.
+pub fn rank_among(p: &Problem, elem: usize, ctx: &TuneCtx, candidates: &[Algorithm]) -> Vec<(Algorithm, f64)> {
     let class = |a: usize, b: usize| ctx.class(a, b);
-    let mut v: Vec<(Algorithm, f64)> = Algorithm::ALL
+    let mut v: Vec<(Algorithm, f64)> = candidates
         .iter()
         .filter_map(|&a| {
             let t = if p.nranks <= SIMULATE_ALL_UP_TO {
@@ -152,11 +166,12 @@ pub fn choose_with(p: &Problem, elem: usize, ctx: &TuneCtx) -> (Algorithm, f64) 
 /// is an error for a per-call choice and ignored for a global `TUTTI_ALGO`.
 pub(crate) fn select(
     p: &Problem,
-    elem: usize,
+    dtype: crate::DataType,
     per_call: Option<Algorithm>,
     env: &AlgoOverride,
     ctx: &TuneCtx,
 ) -> Result<Algorithm> {
+    let elem = dtype.size();
     let kind = p.coll.kind();
     let implements = |a: Algorithm| a.build(&Problem { count: 0, ..p.clone() }).is_some();
     if let Some(a) = per_call {
@@ -173,6 +188,15 @@ pub(crate) fn select(
     }
     if let Some(a) = env.global {
         if implements(a) {
+            return Ok(a);
+        }
+    }
+    let reduces = matches!(kind, CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter);
+    if ctx.deterministic && reduces && dtype.is_float() {
+        // Only the rank-order algorithms: the result then does not depend on
+        // which one is picked (nor on the rank count's factorisation).
+        let v = rank_among(p, elem, ctx, &[Algorithm::Direct, Algorithm::TwoShot]);
+        if let Some(&(a, _)) = v.first() {
             return Ok(a);
         }
     }
@@ -209,6 +233,38 @@ mod tests {
             assert!(large.1 > small.1);
             // Large messages: an algorithm moving ~2(n-1)/n of the data, not direct.
             assert_ne!(large.0, Algorithm::Direct, "n={n}");
+        }
+    }
+
+    #[test]
+    fn hierarchical_wins_across_hosts() {
+        for (hosts, l) in [(2usize, 2usize), (2, 4)] {
+            let host_of: Vec<usize> = (0..hosts * l).map(|r| r / l).collect();
+            let ctx = TuneCtx {
+                model: CostModel::default(),
+                host_of,
+                threads: false,
+                tcp_only: false,
+                deterministic: false,
+            };
+            let mut p = Problem::new(Collective::AllReduce, hosts * l, 0, 4 << 20);
+            p.hosts = ctx.hosts();
+            let v = rank_algorithms(&p, 4, &ctx);
+            eprintln!("{hosts}x{l}: {v:?}");
+            assert_eq!(v[0].0, Algorithm::Hierarchical, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn deterministic_mode_picks_rank_order_algorithms() {
+        let mut ctx = TuneCtx::single_host(4);
+        ctx.deterministic = true;
+        for count in [1usize, 1000, 1 << 22] {
+            let p = Problem::new(Collective::AllReduce, 4, 0, count);
+            let a = select(&p, crate::DataType::F32, None, &AlgoOverride::default(), &ctx).unwrap();
+            assert!(matches!(a, Algorithm::Direct | Algorithm::TwoShot), "{a}");
+            let a = select(&p, crate::DataType::I32, None, &AlgoOverride::default(), &ctx).unwrap();
+            let _ = a; // integers are exact: any algorithm
         }
     }
 }

@@ -37,6 +37,9 @@ fn implements(alg: Algorithm, k: CollKind) -> bool {
         Algorithm::DoubleTree => matches!(k, AllReduce | Broadcast | Reduce),
         Algorithm::HalvingDoubling => matches!(k, AllReduce | ReduceScatter | AllGather),
         Algorithm::Pairwise => k == AllToAll,
+        Algorithm::TwoShot => matches!(k, AllReduce | ReduceScatter),
+        // Needs a host layout; without one (as in the matrix) it builds nothing.
+        Algorithm::Hierarchical => false,
     }
 }
 
@@ -415,4 +418,84 @@ proptest! {
         scheds[r] = Schedule::new(&ps[r], steps);
         prop_assert!(run(&ps, scheds).is_err());
     }
+}
+
+/// Host layouts for the hierarchical algorithms: uniform grids, contiguous
+/// and interleaved, plus layouts it must refuse (one host, ragged hosts).
+#[test]
+fn hierarchical_layouts() {
+    use std::sync::Arc;
+    let layouts: Vec<Vec<usize>> = vec![
+        vec![0, 0, 1, 1],
+        vec![0, 1, 0, 1],
+        vec![0, 0, 0, 1, 1, 1],
+        vec![0, 0, 1, 1, 2, 2, 3, 3],
+        vec![1, 0, 2, 0, 1, 2],
+        vec![0, 0, 0, 0, 1, 1, 1, 1],
+    ];
+    let mut runs = 0;
+    for hosts in &layouts {
+        let n = hosts.len();
+        let h: Arc<[usize]> = hosts.clone().into();
+        for count in [0, 1, n - 1, n, n + 1, 31, 1000] {
+            for coll in colls(n) {
+                for in_place in [false, true] {
+                    if in_place && coll != Collective::AllReduce {
+                        continue;
+                    }
+                    let mut ps = problems(coll, n, count, in_place);
+                    for p in &mut ps {
+                        p.hosts = Some(h.clone());
+                    }
+                    let want = matches!(
+                        coll.kind(),
+                        CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter | CollKind::Broadcast | CollKind::Reduce
+                    );
+                    let got = verify(&ps, Algorithm::Hierarchical)
+                        .unwrap_or_else(|e| panic!("hierarchical {coll:?} hosts={hosts:?} count={count} in_place={in_place}: {e}"));
+                    assert_eq!(got.is_some(), want, "{coll:?} hosts={hosts:?}");
+                    runs += 1;
+                }
+            }
+        }
+    }
+    // Not a grid: refuse.
+    for hosts in [vec![0, 0, 0, 0], vec![0, 0, 1], vec![0, 1, 2, 3]] {
+        let h: Arc<[usize]> = hosts.clone().into();
+        let mut ps = problems(Collective::AllReduce, hosts.len(), 8, false);
+        for p in &mut ps {
+            p.hosts = Some(h.clone());
+        }
+        assert!(verify(&ps, Algorithm::Hierarchical).unwrap().is_none(), "{hosts:?}");
+    }
+    assert!(runs > 100);
+}
+
+/// Hierarchical AllReduce sends less across hosts than a flat ring laid
+/// over the same hosts.
+#[test]
+fn hierarchical_saves_network_bytes() {
+    use std::sync::Arc;
+    let hosts: Arc<[usize]> = vec![0, 0, 0, 0, 1, 1, 1, 1].into();
+    let cross = |alg: Algorithm| {
+        let mut total = 0usize;
+        for r in 0..8 {
+            let mut p = Problem::new(Collective::AllReduce, 8, r, 8000);
+            p.hosts = Some(hosts.clone());
+            let s = alg.build(&p).unwrap();
+            total += s
+                .steps
+                .iter()
+                .filter_map(|st| st.send_peer().map(|q| (q, st.len())))
+                .filter(|&(q, _)| hosts[q] != hosts[r])
+                .map(|(_, l)| l)
+                .sum::<usize>();
+        }
+        total
+    };
+    let (flat, hier) = (cross(Algorithm::Ring), cross(Algorithm::Hierarchical));
+    // Ring over ranks 0..8 crosses twice per direction pass; hierarchical
+    // sends 2(H-1)/H * S per host = S per host.
+    assert_eq!(hier, 2 * 8000);
+    assert!(flat > hier, "flat {flat} hier {hier}");
 }
