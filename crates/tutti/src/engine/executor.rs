@@ -108,6 +108,16 @@ pub(crate) fn execute(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mu
         }
     }
     let r = run(sched, b, env, pad, esz);
+    if r.is_err() {
+        // Buffers go back to the caller: no peer may still read them.
+        for (i, st) in pad.states.iter().enumerate() {
+            if let (Some(m), Some(q)) = (&st.send, sched.steps[i].send_peer()) {
+                if let Some(l) = &env.links[q] {
+                    l.withdraw(m);
+                }
+            }
+        }
+    }
     for &q in &pad.peers {
         pad.sendq[q].clear();
         pad.recvq[q].clear();

@@ -107,6 +107,13 @@ impl Link {
         }
     }
 
+    /// After a failed op: ensures the peer no longer reads `m`'s buffer.
+    pub(crate) fn withdraw(&self, m: &SendMsg) {
+        if let Link::Ring(l, _) = self {
+            l.withdraw(m);
+        }
+    }
+
     /// True if the peer is known to have failed.
     pub(crate) fn peer_failed(&self) -> bool {
         match self {

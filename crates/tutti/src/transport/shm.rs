@@ -25,6 +25,9 @@
 //! address, the receiver copies (or reduces) straight from the sender's
 //! memory — `memcpy` for threads, `process_vm_readv` for processes — and
 //! bumps `acked`. Each byte then crosses memory once instead of twice.
+//! Before reading, the receiver claims the message (`claim`); a sender that
+//! fails first withdraws it instead, so a buffer is never read after its
+//! owner has given up on the op (and may have freed it).
 //!
 //! # Waiting
 //!
@@ -63,7 +66,14 @@ struct RingCtl {
     head: CachePadded<AtomicU64>,
     tail: CachePadded<AtomicU64>,
     acked: CachePadded<AtomicU64>,
+    /// The number of the last direct message the receiver has started to
+    /// read, or [`REVOKED`] | k once the sender withdrew message k (it
+    /// failed before the read began). Changed only by compare-and-swap.
+    claim: CachePadded<AtomicU64>,
 }
+
+/// Marks a withdrawn direct message in `RingCtl::claim`.
+const REVOKED: u64 = 1 << 63;
 
 #[repr(C)]
 struct SegHeader {
@@ -264,6 +274,8 @@ pub(crate) struct RingLink {
     /// Messages sent and received on this link.
     sent_msgs: u32,
     recv_msgs: u32,
+    /// Direct messages received on this link.
+    direct_recvd: u64,
 }
 
 impl RingLink {
@@ -276,6 +288,7 @@ impl RingLink {
             direct_sent: 0,
             sent_msgs: 0,
             recv_msgs: 0,
+            direct_recvd: 0,
         }
     }
 
@@ -402,6 +415,11 @@ impl RingLink {
                     )
                 };
                 ctl.tail.store(t + (HEADER_BYTES + DESC_BYTES) as u64, Ordering::Release);
+                let k = self.direct_recvd + 1;
+                if ctl.claim.compare_exchange(k - 1, k, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                    return Err(cx.lost(self.peer, format!("rank {} withdrew its buffer (it failed or aborted)", self.peer)));
+                }
+                self.direct_recvd = k;
                 self.read_direct(m, cx, desc[0] as i32, desc[1])?;
                 ctl.acked.fetch_add(1, Ordering::Release);
                 notify(seg.bell(self.peer));
@@ -445,6 +463,32 @@ impl RingLink {
             return Ok(true);
         }
         Ok(m.done)
+    }
+
+    /// Called when an op fails with `m` unfinished: makes sure the receiver
+    /// will not read our buffer after we return. Either the message is
+    /// withdrawn before the receiver claims it, or the receiver's read (which
+    /// is under way and short) is waited for.
+    pub(crate) fn withdraw(&self, m: &SendMsg) {
+        let Some(k) = m.direct_target else { return };
+        if m.done {
+            return;
+        }
+        let ctl = self.seg.ctl(self.me, self.peer);
+        if ctl
+            .claim
+            .compare_exchange(k - 1, REVOKED | k, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return;
+        }
+        let start = std::time::Instant::now();
+        while ctl.acked.load(Ordering::Acquire) < k
+            && !self.peer_failed()
+            && start.elapsed() < Duration::from_secs(30)
+        {
+            std::thread::yield_now();
+        }
     }
 
     /// True if the peer's communicator failed or was aborted.
