@@ -281,6 +281,8 @@ pub(crate) struct Connected {
     pub rescue: Option<TcpListener>,
     /// Every rank's listener address.
     pub peer_addrs: Vec<SocketAddr>,
+    /// Ranks of this group on this physical machine (they share its cores).
+    pub ranks_on_machine: usize,
     pub links: Vec<Option<Link>>,
     pub peer_pids: Vec<Option<i32>>,
     pub topo: Topology,
@@ -299,6 +301,9 @@ pub(crate) struct Joined {
 #[derive(serde::Serialize, serde::Deserialize)]
 struct RankInfo {
     host: String,
+    /// The physical machine (see [`topo::machine_id`]).
+    #[serde(default)]
+    machine: String,
     pid: i32,
     addr: SocketAddr,
     nranks: usize,
@@ -394,6 +399,7 @@ pub(crate) fn connect(
     let mine = match &listener {
         Some(l) => serde_json::to_vec(&RankInfo {
             host: topo::host_id(cfg.host_id.as_deref()),
+            machine: topo::machine_id(),
             pid: sys::pid(),
             addr: l.local_addr().map_err(|e| Error::io("peer listener", e))?,
             nranks,
@@ -490,6 +496,7 @@ pub(crate) fn connect(
         segment,
         rescue: listener,
         peer_addrs: infos.iter().map(|i| i.addr).collect(),
+        ranks_on_machine: infos.iter().filter(|i| i.machine == infos[rank].machine).count(),
     }))
 }
 
@@ -528,6 +535,18 @@ fn dial(addr: SocketAddr, token: [u8; 16], rank: usize, deadline: Instant) -> st
     }
 }
 
+/// A connection whose hello has not fully arrived yet.
+struct Pending {
+    sock: TcpStream,
+    from: SocketAddr,
+    since: Instant,
+    hello: [u8; 24],
+    got: usize,
+}
+
+/// Accepts the expected ranks' connections. Hellos are read without
+/// blocking, each connection with its own 2-second allowance, so a slow or
+/// silent stranger cannot hold up the ranks behind it.
 fn accept_peers(
     l: &TcpListener,
     token: [u8; 16],
@@ -536,33 +555,65 @@ fn accept_peers(
     deadline: Instant,
 ) -> std::result::Result<(), String> {
     let mut missing: Vec<usize> = expect.to_vec();
+    let mut pending: Vec<Pending> = Vec::new();
     l.set_nonblocking(true).map_err(|e| e.to_string())?;
     while !missing.is_empty() {
         if Instant::now() >= deadline {
             return Err(format!("timed out waiting for rank(s) {missing:?} to connect; are they running and able to reach this host?"));
         }
+        let mut busy = false;
         match l.accept() {
-            Ok((mut s, from)) => {
-                let _ = s.set_nonblocking(false);
-                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut hello = [0u8; 24];
-                match s.read_exact(&mut hello) {
-                    Ok(()) if hello[..16] == token => {
-                        let q = u64::from_le_bytes(hello[16..].try_into().expect("8 bytes")) as usize;
-                        if let Some(pos) = missing.iter().position(|&m| m == q) {
-                            missing.remove(pos);
-                            let _ = s.set_read_timeout(None);
-                            links[q] = Some(Link::Tcp(TcpLink::new(s, q).map_err(|e| e.to_string())?));
-                        } else {
-                            tracing::warn!("tutti: dropped a connection from {from} claiming unexpected rank {q}");
-                        }
-                    }
-                    Ok(()) => tracing::warn!("tutti: dropped a connection from {from}: wrong auth token"),
-                    Err(e) => tracing::warn!("tutti: dropped a connection from {from}: {e}"),
+            Ok((sock, from)) => {
+                busy = true;
+                if sock.set_nonblocking(true).is_ok() && pending.len() < 1024 {
+                    pending.push(Pending { sock, from, since: Instant::now(), hello: [0; 24], got: 0 });
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(2)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(format!("accept failed: {e}")),
+        }
+        let mut i = 0;
+        while i < pending.len() {
+            let p = &mut pending[i];
+            let r = p.sock.read(&mut p.hello[p.got..]);
+            let mut drop_it = None;
+            match r {
+                Ok(0) => drop_it = Some("closed before its hello".to_string()),
+                Ok(k) => {
+                    busy = true;
+                    p.got += k;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => drop_it = Some(e.to_string()),
+            }
+            if drop_it.is_none() && p.got == 24 {
+                let p = pending.swap_remove(i);
+                if p.hello[..16] != token {
+                    tracing::warn!("tutti: dropped a connection from {}: wrong auth token", p.from);
+                    continue;
+                }
+                let q = u64::from_le_bytes(p.hello[16..].try_into().expect("8 bytes")) as usize;
+                match missing.iter().position(|&m| m == q) {
+                    Some(pos) => {
+                        missing.remove(pos);
+                        links[q] = Some(Link::Tcp(TcpLink::new(p.sock, q).map_err(|e| e.to_string())?));
+                    }
+                    None => tracing::warn!("tutti: dropped a connection from {} claiming unexpected rank {q}", p.from),
+                }
+                continue;
+            }
+            if drop_it.is_none() && p.since.elapsed() > Duration::from_secs(2) {
+                drop_it = Some("hello too slow".into());
+            }
+            if let Some(why) = drop_it {
+                tracing::warn!("tutti: dropped a connection from {}: {why}", pending[i].from);
+                pending.swap_remove(i);
+                continue;
+            }
+            i += 1;
+        }
+        if !busy {
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
     Ok(())

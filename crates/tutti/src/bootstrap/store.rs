@@ -139,9 +139,10 @@ fn accept_loop(listener: TcpListener, token: [u8; 16], sh: Arc<Shared>) {
 
 fn serve(mut s: TcpStream, peer: SocketAddr, token: [u8; 16], sh: Arc<Shared>) {
     let _ = s.set_nonblocking(false);
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    match read_frame(&mut s) {
-        Ok(t) if t == token => {}
+    // The whole handshake, not each read, must finish within the deadline,
+    // and it is exactly a 4-byte length of 16 plus the token.
+    match read_exact_by(&mut s, 20, Instant::now() + Duration::from_secs(5)) {
+        Ok(b) if b[..4] == 16u32.to_le_bytes() && b[4..] == token => {}
         Ok(_) => {
             tracing::warn!("tutti store: dropped a connection from {peer}: wrong auth token");
             return;
@@ -225,6 +226,27 @@ pub fn parse_request(req: &[u8]) -> std::result::Result<Request<'_>, String> {
         b'A' => Ok(Request::Add(rest)),
         c => Err(format!("unknown request {c}")),
     }
+}
+
+/// Reads exactly `n` bytes, failing once `deadline` passes however slowly
+/// they trickle in.
+pub(crate) fn read_exact_by(s: &mut TcpStream, n: usize, deadline: Instant) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; n];
+    let mut got = 0;
+    while got < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "handshake too slow"));
+        }
+        s.set_read_timeout(Some(left))?;
+        match s.read(&mut buf[got..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(k) => got += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(buf)
 }
 
 fn split_kv(b: &[u8]) -> Option<(&[u8], &[u8])> {

@@ -6,6 +6,7 @@ mod split;
 mod work;
 
 pub use ops::RawCall;
+pub(crate) use shrink::drain as drain_listener;
 pub use work::Work;
 
 use crate::algo::Algorithm;
@@ -78,6 +79,16 @@ impl std::fmt::Debug for Communicator {
             .field("local_rank", &self.local_rank())
             .field("local_size", &self.local_size())
             .finish()
+    }
+}
+
+/// Hands the core a handle on the recovery listener (so it can drain it)
+/// and gives the listener a long queue.
+pub(crate) fn keep_rescue(core: &mut Core, l: Option<&std::net::TcpListener>) {
+    if let Some(l) = l {
+        let _ = socket2::SockRef::from(l).listen(4096);
+        let _ = l.set_nonblocking(true);
+        core.rescue = l.try_clone().ok();
     }
 }
 
@@ -163,15 +174,24 @@ impl Communicator {
         let crate::bootstrap::Connected {
             rescue,
             peer_addrs,
+            ranks_on_machine,
             links,
             peer_pids,
             topo,
             segment,
         } = j.conn;
-        let ranks_here = topo.local_size(rank);
+        let ranks_here = ranks_on_machine;
         let mut core = Core::new(links, peer_pids, rank, config.clone(), ranks_here, segment);
         core.tune = tune_ctx(&topo, &config, false);
-        let key = format!("{:?}/{:?}", topo.hosts.iter().map(|h| h.ranks.len()).collect::<Vec<_>>(), topo.transports.iter().flatten().collect::<Vec<_>>());
+        keep_rescue(&mut core, rescue.as_ref());
+        // The measurement is cached per layout: which hosts, how many ranks
+        // on each, which transports.
+        let key = format!(
+            "{:?}/{:?}/{:?}",
+            topo.hosts.iter().map(|h| (&h.id, h.ranks.len())).collect::<Vec<_>>(),
+            topo.transports.iter().flatten().collect::<Vec<_>>(),
+            config.socket_ifname
+        );
         let comm = Communicator {
             engine: Engine::new(core),
             rank,

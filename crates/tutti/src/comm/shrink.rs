@@ -40,6 +40,7 @@ impl Communicator {
         let deadline = Instant::now() + self.config.connect_timeout;
         let boot = |msg: String| Error::Bootstrap { rank: self.rank(), msg };
         let server = if new_rank == 0 {
+            let _ = listener.set_nonblocking(false);
             let l = listener
                 .try_clone()
                 .map_err(|e| boot(format!("cannot reuse the listener for recovery: {e}")))?;
@@ -73,9 +74,10 @@ impl Communicator {
             bootstrap::connect(&mut ex, new_rank, Some(&members), &self.config, self.token, ip, deadline)?
                 .ok_or_else(|| boot("internal: survivor missing from the new group".into()))?
         };
-        let ranks_here = conn.topo.local_size(new_rank);
+        let ranks_here = conn.ranks_on_machine;
         let mut core = Core::new(conn.links, conn.peer_pids, new_rank, self.config.clone(), ranks_here, conn.segment);
         core.tune = super::tune_ctx(&conn.topo, &self.config, false);
+        super::keep_rescue(&mut core, conn.rescue.as_ref());
         Ok(Communicator {
             engine: Engine::new(core),
             rank: new_rank,
@@ -107,6 +109,20 @@ impl Communicator {
             .filter(|&(r, a)| r != me && !answers(*a))
             .map(|(r, _)| r)
             .collect()
+    }
+}
+
+/// Accepts and drops whatever waits on a recovery listener (other ranks'
+/// liveness probes, strangers), so its queue never fills and a live rank
+/// never looks dead. Only a healthy communicator drains (between ops): a
+/// failed one keeps its queue for the survivors' recovery store.
+pub(crate) fn drain(l: &std::net::TcpListener) {
+    if l.set_nonblocking(true).is_ok() {
+        for _ in 0..4096 {
+            if l.accept().is_err() {
+                break;
+            }
+        }
     }
 }
 

@@ -90,9 +90,10 @@ impl Communicator {
             .iter()
             .position(|&q| q == self.rank())
             .expect("a member of its group");
-        let ranks_here = conn.topo.local_size(rank);
+        let ranks_here = conn.ranks_on_machine;
         let mut core = Core::new(conn.links, conn.peer_pids, rank, self.config.clone(), ranks_here, conn.segment);
         core.tune = super::tune_ctx(&conn.topo, &self.config, false);
+        super::keep_rescue(&mut core, conn.rescue.as_ref());
         let rescue = conn.rescue.map(|l| (l, conn.peer_addrs));
         Ok(Some(Communicator {
             engine: Engine::new(core),

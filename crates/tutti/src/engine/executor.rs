@@ -113,7 +113,7 @@ pub(crate) fn execute(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mu
         for (i, st) in pad.states.iter().enumerate() {
             if let (Some(m), Some(q)) = (&st.send, sched.steps[i].send_peer()) {
                 if let Some(l) = &env.links[q] {
-                    l.withdraw(m);
+                    l.withdraw(m, env.peer_pids.get(q).copied().flatten());
                 }
             }
         }

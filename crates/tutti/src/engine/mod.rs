@@ -65,6 +65,9 @@ pub(crate) struct Core {
     /// The last call's problem, forced algorithm and schedule.
     last: Option<(Problem, Option<Algorithm>, Arc<Schedule>, &'static str)>,
     poisoned: Option<Error>,
+    /// The recovery listener (see `shrink`), drained now and then so that
+    /// probes never fill its queue.
+    pub(crate) rescue: Option<std::net::TcpListener>,
     /// The last ops, for diagnosis after a failure.
     recorder: recorder::Recorder,
     /// The first failure, readable without waiting for a turn.
@@ -106,6 +109,7 @@ impl Core {
             last: None,
             poisoned: None,
             recorder: recorder::Recorder::default(),
+            rescue: None,
             first_error: Arc::new(Mutex::new(None)),
         }
     }
@@ -131,6 +135,11 @@ impl Core {
         }
         if abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted);
+        }
+        if self.seq % 64 == 0 {
+            if let Some(l) = &self.rescue {
+                crate::comm::drain_listener(l);
+            }
         }
         self.recorder.start(recorder::Rec {
             seq: self.seq,
@@ -272,7 +281,8 @@ impl Core {
         let mut cx = StepCx {
             rank: self.rank,
             seq,
-            tag: make_tag(c.coll.kind(), c.dtype, op, c.coll.root().unwrap_or(0)),
+            // The user's op (Avg, not the Sum it reduces with): Sum and Avg must not mix.
+            tag: make_tag(c.coll.kind(), c.dtype, if reduces { c.op } else { op }, c.coll.root().unwrap_or(0)),
             coll_seq,
             op_name: c.coll.kind().name(),
             dtype: c.dtype,

@@ -27,6 +27,15 @@ pub fn host_id(explicit: Option<&str>) -> String {
     format!("{hostname}/{boot}/{netns}")
 }
 
+/// The identity of the physical machine (hostname + boot id, ignoring
+/// network namespaces): ranks on one machine share its cores, whatever
+/// hosts they pretend to be.
+pub fn machine_id() -> String {
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{}/{}", hostname.trim(), boot.trim())
+}
+
 /// A host of the communicator.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Host {

@@ -108,9 +108,9 @@ impl Link {
     }
 
     /// After a failed op: ensures the peer no longer reads `m`'s buffer.
-    pub(crate) fn withdraw(&self, m: &SendMsg) {
+    pub(crate) fn withdraw(&self, m: &SendMsg, peer_pid: Option<i32>) {
         if let Link::Ring(l, _) = self {
-            l.withdraw(m);
+            l.withdraw(m, peer_pid);
         }
     }
 

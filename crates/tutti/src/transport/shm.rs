@@ -469,7 +469,7 @@ impl RingLink {
     /// will not read our buffer after we return. Either the message is
     /// withdrawn before the receiver claims it, or the receiver's read (which
     /// is under way and short) is waited for.
-    pub(crate) fn withdraw(&self, m: &SendMsg) {
+    pub(crate) fn withdraw(&self, m: &SendMsg, peer_pid: Option<i32>) {
         let Some(k) = m.direct_target else { return };
         if m.done {
             return;
@@ -482,11 +482,17 @@ impl RingLink {
         {
             return;
         }
+        // The receiver claimed it: its read is under way and short, unless
+        // the receiver died (then it reads nothing more).
         let start = std::time::Instant::now();
-        while ctl.acked.load(Ordering::Acquire) < k
-            && !self.peer_failed()
-            && start.elapsed() < Duration::from_secs(30)
-        {
+        let mut checked = start;
+        while ctl.acked.load(Ordering::Acquire) < k && !self.peer_failed() && start.elapsed() < Duration::from_secs(5) {
+            if checked.elapsed() > Duration::from_millis(10) {
+                checked = std::time::Instant::now();
+                if peer_pid.is_some_and(|p| !sys::process_alive(p)) {
+                    return;
+                }
+            }
             std::thread::yield_now();
         }
     }

@@ -80,11 +80,24 @@ pub(crate) unsafe fn process_read(pid: i32, remote: u64, local: *mut u8, len: us
     Ok(())
 }
 
-/// True if process `pid` exists (it may be a zombie).
+/// True if process `pid` exists and has not exited (a zombie, which its
+/// parent has not reaped yet, counts as dead).
 pub(crate) fn process_alive(pid: i32) -> bool {
     // SAFETY: kill with signal 0 only checks existence and permission.
     let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let exists = r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    if !exists {
+        return false;
+    }
+    // /proc/PID/stat: "pid (comm) S ..."; the state follows the last ')'.
+    match std::fs::read(format!("/proc/{pid}/stat")) {
+        Ok(b) => {
+            let after = b.iter().rposition(|&c| c == b')').map_or(&b[..], |i| &b[i + 1..]);
+            let state = after.iter().find(|c| !c.is_ascii_whitespace()).copied();
+            !matches!(state, Some(b'Z') | Some(b'X') | Some(b'x'))
+        }
+        Err(_) => exists,
+    }
 }
 
 /// This process's id.

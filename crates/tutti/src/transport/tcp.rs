@@ -36,15 +36,17 @@ impl TcpLink {
         let s = socket2::SockRef::from(&sock);
         let _ = s.set_send_buffer_size(4 << 20);
         let _ = s.set_recv_buffer_size(4 << 20);
-        // A peer whose host vanished sends no reset: keepalive probes after
-        // a second of silence, and unacknowledged data or probes fail the
-        // connection after 1.5 s, so survivors hear of it within ~2 s.
+        // A peer whose host vanished sends no reset: data left unacknowledged
+        // for a second fails the connection (and the failure then spreads to
+        // the other ranks at once); an idle connection is probed after a
+        // second of silence. A live peer's kernel acknowledges even while
+        // its process is busy, so slowness is not mistaken for death.
         let ka = socket2::TcpKeepalive::new()
             .with_time(std::time::Duration::from_secs(1))
             .with_interval(std::time::Duration::from_secs(1))
             .with_retries(1);
         let _ = s.set_tcp_keepalive(&ka);
-        let _ = s.set_tcp_user_timeout(Some(std::time::Duration::from_millis(1500)));
+        let _ = s.set_tcp_user_timeout(Some(std::time::Duration::from_millis(1000)));
         Ok(TcpLink {
             sock,
             peer,

@@ -72,8 +72,10 @@ pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel>
             // Keep measurements within 10x of the defaults: a wildly busy
             // machine measures noise, not the link.
             let d = CostModel::default().link(class);
+            // Latency is kept within 10x of the default; bandwidth may be
+            // far lower (a 1 Gbit/s link) but not absurdly higher.
             c.alpha_us = c.alpha_us.clamp(d.alpha_us / 10.0, d.alpha_us * 10.0);
-            c.gbps = c.gbps.clamp(d.gbps / 10.0, d.gbps * 10.0);
+            c.gbps = c.gbps.clamp(0.001, d.gbps * 10.0);
             match class {
                 LinkClass::Shm => model.shm = c,
                 LinkClass::Tcp => model.tcp = c,
@@ -106,7 +108,8 @@ fn measure(comm: &Communicator, peer: usize) -> Result<Option<LinkCost>> {
     if me == 0 || me == peer {
         let other = if me == 0 { peer } else { 0 };
         let mut small = [0u8; 8];
-        let mut big = vec![0u8; 1 << 20];
+        // Big enough that a rate limiter's burst allowance does not flatter the link.
+        let mut big = vec![0u8; 4 << 20];
         let direct = Options {
             algorithm: Some(Algorithm::Direct),
             timeout: None,
@@ -141,7 +144,7 @@ fn measure(comm: &Communicator, peer: usize) -> Result<Option<LinkCost>> {
         }
         let alpha_us = best_rtt * 1e6 / 2.0;
         let mut best_big = f64::INFINITY;
-        for _ in 0..6 {
+        for _ in 0..3 {
             let t = Instant::now();
             xfer(&mut big, me == 0)?;
             xfer(&mut small, me != 0)?; // the receiver confirms
