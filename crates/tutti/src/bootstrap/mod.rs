@@ -354,6 +354,10 @@ pub(crate) fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, cfg: &Config
         connect(&mut ex, rank, Some(&members), cfg, id.token, my_ip, deadline)?
             .ok_or_else(|| boot("internal: rank missing from its own group".into()))?
     };
+    match &server {
+        Some(s) => s.linger_for(nranks - 1),
+        None => client.release(deadline)?,
+    }
     Ok(Joined {
         conn,
         server,

@@ -53,6 +53,8 @@ struct Shared {
     changed: Condvar,
     stop: AtomicBool,
     conns: Mutex<Vec<TcpStream>>,
+    /// Releases to wait for before stopping.
+    linger: std::sync::atomic::AtomicU64,
 }
 
 /// The store server. Stops (and closes every connection) on drop.
@@ -74,6 +76,7 @@ impl StoreServer {
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
+            linger: std::sync::atomic::AtomicU64::new(0),
         });
         let sh = shared.clone();
         let accept = std::thread::Builder::new()
@@ -93,8 +96,29 @@ impl StoreServer {
     }
 }
 
+impl StoreServer {
+    /// On drop, wait (up to 5 s) until `n` clients have called
+    /// [`StoreClient::release`]: a client may still be reading its last
+    /// reply when the server's own rank is already done.
+    pub(crate) fn linger_for(&self, n: usize) {
+        self.shared.linger.store(n as u64, Ordering::SeqCst);
+    }
+}
+
 impl Drop for StoreServer {
     fn drop(&mut self) {
+        let want = self.shared.linger.load(Ordering::SeqCst);
+        let until = Instant::now() + Duration::from_secs(5);
+        let mut t = self.shared.table.lock().unwrap_or_else(|e| e.into_inner());
+        while t.counters.get(&b"released"[..]).copied().unwrap_or(0) < want && Instant::now() < until {
+            t = self
+                .shared
+                .changed
+                .wait_timeout(t, Duration::from_millis(20))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(t);
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.changed.notify_all();
         for c in self.shared.conns.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
@@ -340,6 +364,11 @@ impl StoreClient {
             rank: self.rank,
             msg: "malformed reply from the store".into(),
         })?))
+    }
+
+    /// Tells the server this client has everything it needs from it.
+    pub(crate) fn release(&mut self, deadline: Instant) -> Result<()> {
+        self.add("released", deadline).map(|_| ())
     }
 
     /// Waits until `n` ranks have called `barrier` with this `name`.

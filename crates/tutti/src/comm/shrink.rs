@@ -74,6 +74,10 @@ impl Communicator {
             bootstrap::connect(&mut ex, new_rank, Some(&members), &self.config, self.token, ip, deadline)?
                 .ok_or_else(|| boot("internal: survivor missing from the new group".into()))?
         };
+        match &server {
+            Some(s) => s.linger_for(survivors.len() - 1),
+            None => client.release(deadline)?,
+        }
         let ranks_here = conn.ranks_on_machine;
         let mut core = Core::new(conn.links, conn.peer_pids, new_rank, self.config.clone(), ranks_here, conn.segment);
         core.tune = super::tune_ctx(&conn.topo, &self.config, false);

@@ -176,6 +176,13 @@ fn run(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mut Scratchpad, e
         if now.duration_since(last_liveness) > Duration::from_millis(50) {
             last_liveness = now;
             check_liveness(env, pad)?;
+            for q in pending_peers(pad) {
+                if !pad.recvq[q].is_empty() {
+                    if let Some(l) = env.links[q].as_mut() {
+                        l.probe(env.cx)?;
+                    }
+                }
+            }
         }
         let nap = (env.deadline - now).min(Duration::from_millis(20));
         if has_tcp {

@@ -107,6 +107,15 @@ impl Link {
         }
     }
 
+    /// Called while waiting on this peer: lets the transport check that the
+    /// peer is still there (TCP sends a probe after a silence).
+    pub(crate) fn probe(&mut self, cx: &StepCx) -> Result<()> {
+        match self {
+            Link::Tcp(l) => l.probe(cx),
+            Link::Ring(..) => Ok(()),
+        }
+    }
+
     /// After a failed op: ensures the peer no longer reads `m`'s buffer.
     pub(crate) fn withdraw(&self, m: &SendMsg, peer_pid: Option<i32>) {
         if let Link::Ring(l, _) = self {
