@@ -1,1 +1,84 @@
-fn main(){}
+//! `tutti`: the command-line face of the tutti collective library.
+//!
+//! * `tutti run -n N -- PROGRAM ARGS...` starts N local ranks, like
+//!   `torchrun --standalone` (see [`launch`]).
+//! * `tutti perf [COLLECTIVE]` measures collectives in the style of
+//!   nccl-tests (see [`perf`]).
+//! * `tutti topo` prints what a communicator found: hosts, local ranks,
+//!   transports, interfaces and the tuner's choices (see [`topo`]).
+//!
+//! `docs/cli.md` documents every flag with sample output.
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod launch;
+mod perf;
+mod plot;
+mod topo;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// The `tutti` command line.
+#[derive(Parser, Debug)]
+#[command(
+    name = "tutti",
+    version,
+    about = "Collective communication for CPU processes: launch ranks, measure collectives, inspect topology."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Start N local ranks of PROGRAM (like `torchrun --standalone`).
+    Run(launch::RunArgs),
+    /// Measure collectives in the nccl-tests style (time, algbw, busbw, #wrong).
+    Perf(Box<perf::PerfArgs>),
+    /// Print hosts, local ranks, transports, interfaces and algorithm choices.
+    Topo(topo::TopoArgs),
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let cli = Cli::parse();
+    if matches!(cli.cmd, Cmd::Perf(_) | Cmd::Topo(_)) {
+        // `tutti perf | head` should end quietly, as other Unix tools do,
+        // rather than panic on a closed stdout.
+        // SAFETY: restoring the default action of a signal has no preconditions.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    let r = match cli.cmd {
+        Cmd::Run(a) => launch::main(a),
+        Cmd::Perf(a) => perf::main(*a),
+        Cmd::Topo(a) => topo::main(a),
+    };
+    match r {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(msg) => {
+            eprintln!("tutti: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Logs go to stderr; `TUTTI_LOG` or `RUST_LOG` set the filter (default `warn`).
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("TUTTI_LOG")
+        .ok()
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .or_else(|| EnvFilter::try_from_default_env().ok())
+        .unwrap_or_else(|| EnvFilter::new("warn"));
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,309 @@
+//! `tutti topo`: what a communicator found, printed by rank 0.
+//!
+//! Hosts and their ranks, local ranks, the transport of every ordered pair
+//! of ranks, each host's network interfaces, and for every collective and
+//! size bucket the algorithm tutti would run (the tuner's choice, or what
+//! `TUTTI_ALGO` forces), with the time the cost model predicts for it.
+
+use crate::launch;
+use crate::perf::{bench, gather_info, report::human_bytes, short_host};
+use std::path::PathBuf;
+use tutti::topo::Topology;
+use tutti::tune::AlgoOverride;
+use tutti::{CollKind, Communicator, DataType, TransportKind};
+
+/// Arguments of `tutti topo`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct TopoArgs {
+    /// Ranks to start locally (default 2); ignored under a launcher.
+    #[arg(short = 'n', long = "nranks", value_name = "N")]
+    pub nranks: Option<usize>,
+    /// Element type the size buckets are counted in.
+    #[arg(
+        short = 'd',
+        long = "datatype",
+        value_name = "TYPE",
+        default_value = "f32"
+    )]
+    pub datatype: String,
+    /// Save the topology (tutti::topo::Topology, as rank 0 sees it) as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Internal: this process is a rank started by `tutti topo -n N`.
+    #[arg(long, hide = true)]
+    pub as_rank: bool,
+}
+
+/// The size buckets of the algorithm table (bytes, as `tutti perf` counts them).
+pub(crate) const BUCKETS: [usize; 9] = [
+    8,
+    64,
+    512,
+    4 << 10,
+    32 << 10,
+    256 << 10,
+    2 << 20,
+    16 << 20,
+    256 << 20,
+];
+
+/// `tutti topo`.
+pub(crate) fn main(a: TopoArgs) -> Result<i32, String> {
+    let dtype: DataType = a
+        .datatype
+        .parse()
+        .map_err(|e: tutti::Error| e.to_string())?;
+    if !a.as_rank {
+        let spawn = match launch::launcher_world() {
+            None => true,
+            Some(w) => a.nranks.is_some() && w <= 1,
+        };
+        if spawn {
+            let n = a.nranks.unwrap_or(2);
+            if n == 0 {
+                return Err("-n must be at least 1".into());
+            }
+            return launch::relaunch_self(n, "--as-rank");
+        }
+    }
+    let comm = Communicator::from_env().map_err(|e| e.to_string())?;
+    let info = gather_info(&comm).map_err(|e| e.to_string())?;
+    let ifaces = gather_interfaces(&comm).map_err(|e| e.to_string())?;
+    if comm.rank() != 0 {
+        return Ok(0);
+    }
+    let topo = comm.topology();
+    print!("{}", describe(topo, &info, &ifaces));
+    print!("{}", algorithm_table(&comm, dtype));
+    if let Some(p) = &a.json {
+        let f =
+            std::fs::File::create(p).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+        serde_json::to_writer_pretty(std::io::BufWriter::new(f), topo)
+            .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+        eprintln!("tutti topo: wrote {}", p.display());
+    }
+    Ok(0)
+}
+
+/// Bytes each rank contributes to the interface exchange.
+const IFACE_BYTES: usize = 4096;
+
+/// Every rank's interface list, as text lines, on every rank.
+fn gather_interfaces(comm: &Communicator) -> tutti::Result<Vec<String>> {
+    let text = match tutti::topo::iface::list() {
+        Ok(v) => v
+            .iter()
+            .map(|i| {
+                let speed = i.speed_mbps.map_or("-".into(), |s| format!("{s} Mbit/s"));
+                format!("{:<12} {:<16} {speed}", i.name, i.addr)
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(e) => format!("(cannot list interfaces: {e})"),
+    };
+    let mut mine = vec![0u8; IFACE_BYTES];
+    let b = text.as_bytes();
+    let len = b.len().min(IFACE_BYTES - 2);
+    mine[..2].copy_from_slice(&(len as u16).to_le_bytes());
+    mine[2..2 + len].copy_from_slice(&b[..len]);
+    let mut all = vec![0u8; IFACE_BYTES * comm.size()];
+    comm.all_gather(&mine, &mut all)?;
+    Ok(all
+        .chunks(IFACE_BYTES)
+        .map(|c| {
+            let len = u16::from_le_bytes([c[0], c[1]]) as usize;
+            String::from_utf8_lossy(&c[2..2 + len.min(IFACE_BYTES - 2)]).into_owned()
+        })
+        .collect())
+}
+
+/// `0-3`, `0, 2, 5-7`.
+fn ranges(ranks: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i {
+            format!("{}-{}", ranks[i], ranks[j])
+        } else {
+            ranks[i].to_string()
+        });
+        i = j + 1;
+    }
+    out.join(", ")
+}
+
+/// Hosts, ranks, the transport matrix and interfaces.
+fn describe(
+    topo: &Topology,
+    info: &[(u64, Vec<Option<TransportKind>>)],
+    ifaces: &[String],
+) -> String {
+    let n = topo.nranks;
+    let mut s = format!(
+        "tutti topo: {n} rank(s) on {} host(s)\n\nhosts\n",
+        topo.hosts.len()
+    );
+    for (h, host) in topo.hosts.iter().enumerate() {
+        s += &format!(
+            "  host {h}  {:<20} ranks {:<12} id {}\n",
+            short_host(&host.id),
+            ranges(&host.ranks),
+            host.id
+        );
+    }
+    s += "\nranks\n  rank  host  local      pid\n";
+    for (r, (pid, _)) in info.iter().enumerate() {
+        s += &format!(
+            "  {r:>4}  {:>4}  {:>5}  {pid:>7}\n",
+            topo.host_of[r],
+            format!("{}/{}", topo.local_rank[r], topo.local_size(r))
+        );
+    }
+    s += "\ntransports (row: from rank, column: to rank)\n      ";
+    for q in 0..n {
+        s += &format!("{q:>6}");
+    }
+    s += "\n";
+    for (r, (_, ts)) in info.iter().enumerate() {
+        s += &format!("  {r:>4}");
+        for t in ts {
+            s += &format!("{:>6}", t.map_or("-".to_string(), |t| t.to_string()));
+        }
+        s += "\n";
+    }
+    for host in &topo.hosts {
+        let first = host.ranks[0];
+        s += &format!(
+            "\ninterfaces on host {} (seen by rank {first})\n",
+            short_host(&host.id)
+        );
+        for l in ifaces[first].lines() {
+            s += &format!("  {l}\n");
+        }
+    }
+    if let Ok(v) = std::env::var("TUTTI_SOCKET_IFNAME") {
+        s += &format!("  TUTTI_SOCKET_IFNAME={v}\n");
+    }
+    s
+}
+
+/// The problem rank 0 poses for `kind` at `size` bytes (as `tutti perf`
+/// counts them): the collective and its count.
+fn problem(kind: CollKind, n: usize, size: usize, esz: usize) -> (tutti::Collective, usize) {
+    let (_, count) = bench::shape(kind, size, n, esz);
+    let coll = match kind {
+        CollKind::SendRecv => tutti::Collective::Send { peer: 1 % n },
+        k => bench::collective(k, 0),
+    };
+    (coll, count)
+}
+
+/// The algorithm table, then the predicted time of each choice.
+///
+/// Cells come from [`Communicator::plan`]: what `TUTTI_ALGO` forces (marked
+/// `*`), else the cost model's cheapest schedule, priced under this
+/// communicator's topology.
+fn algorithm_table(comm: &Communicator, dtype: DataType) -> String {
+    let n = comm.size();
+    let esz = dtype.size();
+    let ov: &AlgoOverride = &comm.config().algo;
+    let forced = std::env::var("TUTTI_ALGO")
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    // (collective, [(algorithm cell, predicted time cell)] per bucket)
+    let mut rows: Vec<(CollKind, Vec<(String, String)>)> = Vec::new();
+    for kind in CollKind::ALL {
+        let mut cells = Vec::new();
+        for b in BUCKETS {
+            let (coll, count) = problem(kind, n, b, esz);
+            let (cell, t) = if kind == CollKind::SendRecv && n < 2 {
+                ("-".to_string(), None)
+            } else {
+                match comm.plan(coll, count, dtype) {
+                    Ok((a, t)) => {
+                        let star = if ov.get(kind) == Some(a) { "*" } else { "" };
+                        (format!("{a}{star}"), t.is_finite().then_some(t))
+                    }
+                    Err(e) => (format!("error: {e}"), None),
+                }
+            };
+            cells.push((cell, t.map_or("-".to_string(), fmt_us)));
+        }
+        rows.push((kind, cells));
+    }
+    let w = rows
+        .iter()
+        .flat_map(|(_, c)| c.iter().map(|(a, _)| a.len()))
+        .chain(BUCKETS.iter().map(|&b| human_bytes(b as u64).len()))
+        .max()
+        .unwrap_or(8)
+        + 2;
+    let head = |s: &mut String| {
+        *s += &format!("  {:<15}", "collective");
+        for b in BUCKETS {
+            *s += &format!("{:>w$}", human_bytes(b as u64));
+        }
+        *s += "\n";
+    };
+    let mut s = format!(
+        "\nalgorithm per collective and size ({dtype}; size as in tutti perf{})\n",
+        forced
+            .as_ref()
+            .map_or(String::new(), |v| format!("; * = forced by TUTTI_ALGO={v}"))
+    );
+    head(&mut s);
+    for (kind, cells) in &rows {
+        s += &format!("  {:<15}", kind.name());
+        for (a, _) in cells {
+            s += &format!("{a:>w$}");
+        }
+        s += "\n";
+    }
+    s += "\npredicted time (us) of that choice (cost model; - where it has no price)\n";
+    head(&mut s);
+    for (kind, cells) in &rows {
+        s += &format!("  {:<15}", kind.name());
+        for (_, t) in cells {
+            s += &format!("{t:>w$}");
+        }
+        s += "\n";
+    }
+    s
+}
+
+/// `0.42`, `13.5`, `1234`.
+fn fmt_us(t: f64) -> String {
+    if t < 10.0 {
+        format!("{t:.2}")
+    } else if t < 1000.0 {
+        format!("{t:.1}")
+    } else {
+        format!("{t:.0}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_ranges() {
+        assert_eq!(ranges(&[0, 1, 2, 3]), "0-3");
+        assert_eq!(ranges(&[0, 2, 5, 6, 7]), "0, 2, 5-7");
+        assert_eq!(ranges(&[4]), "4");
+    }
+
+    #[test]
+    fn table_has_every_collective() {
+        let comms = Communicator::init_all(3).unwrap();
+        let t = algorithm_table(&comms[0], DataType::F32);
+        for k in CollKind::ALL {
+            assert!(t.contains(k.name()), "{t}");
+        }
+        assert!(t.contains("predicted time"), "{t}");
+    }
+}
