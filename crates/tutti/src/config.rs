@@ -28,6 +28,7 @@ pub enum TransportChoice {
 /// | `TUTTI_SOCKET_IFNAME` | [`socket_ifname`](Config::socket_ifname) | any |
 /// | `TUTTI_HOST_ID` | [`host_id`](Config::host_id) | hostname + boot id + network namespace |
 /// | `TUTTI_DETERMINISTIC` (`0`, `1`) | [`deterministic`](Config::deterministic) | 0 |
+/// | `TUTTI_TOPO_FILE` | [`topo_file`](Config::topo_file) | detect |
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Deadline of each operation.
@@ -50,6 +51,8 @@ pub struct Config {
     pub host_id: Option<String>,
     /// Float reductions independent of the algorithm picked (rank order).
     pub deterministic: bool,
+    /// A saved topology (`tutti topo --json`) whose host grouping replaces detection.
+    pub topo_file: Option<String>,
 }
 
 impl Default for Config {
@@ -65,6 +68,7 @@ impl Default for Config {
             socket_ifname: None,
             host_id: None,
             deterministic: false,
+            topo_file: None,
         }
     }
 }
@@ -145,6 +149,7 @@ impl Config {
         }
         c.socket_ifname = var("TUTTI_SOCKET_IFNAME");
         c.host_id = var("TUTTI_HOST_ID");
+        c.topo_file = var("TUTTI_TOPO_FILE");
         if let Some(v) = var("TUTTI_DETERMINISTIC") {
             c.deterministic = match v.trim() {
                 "1" | "true" | "yes" | "on" => true,

@@ -430,7 +430,19 @@ pub(crate) fn connect(
         }
         infos.push(i);
     }
-    let ids: Vec<String> = infos.iter().map(|i| i.host.clone()).collect();
+    let mut ids: Vec<String> = infos.iter().map(|i| i.host.clone()).collect();
+    if let Some(path) = &cfg.topo_file {
+        // A saved topology decides which ranks share a host.
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("TUTTI_TOPO_FILE={path:?}: {e}")))?;
+        let t: Topology = serde_json::from_str(&text).map_err(|e| Error::Config(format!("TUTTI_TOPO_FILE={path:?}: {e}")))?;
+        if t.host_of.len() != nranks {
+            return Err(Error::Config(format!(
+                "TUTTI_TOPO_FILE={path:?} describes {} ranks, this job has {nranks}",
+                t.host_of.len()
+            )));
+        }
+        ids = t.host_of.iter().map(|h| format!("topo-file-host-{h}")).collect();
+    }
     let mut topo = Topology::from_host_ids(&ids);
     let my_host = topo.host_of[rank];
     let locals = topo.hosts[my_host].ranks.clone();

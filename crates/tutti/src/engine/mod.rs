@@ -136,7 +136,7 @@ impl Core {
         if abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted);
         }
-        if self.seq % 64 == 0 {
+        if self.seq.is_multiple_of(64) {
             if let Some(l) = &self.rescue {
                 crate::comm::drain_listener(l);
             }

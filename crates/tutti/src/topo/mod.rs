@@ -8,7 +8,7 @@
 pub mod iface;
 
 use crate::transport::TransportKind;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// This process's host identity.
 pub fn host_id(explicit: Option<&str>) -> String {
@@ -37,7 +37,7 @@ pub fn machine_id() -> String {
 }
 
 /// A host of the communicator.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Host {
     /// Host identity.
     pub id: String,
@@ -46,7 +46,7 @@ pub struct Host {
 }
 
 /// The communicator's topology.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Topology {
     /// Number of ranks.
     pub nranks: usize,

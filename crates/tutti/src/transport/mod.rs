@@ -52,7 +52,7 @@ pub(crate) struct Header {
 }
 
 /// Which transport a link uses (for `tutti topo` and tests).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TransportKind {
     /// Threads of one process.

@@ -53,7 +53,7 @@ impl TcpLink {
         let _ = s.set_send_buffer_size(4 << 20);
         let _ = s.set_recv_buffer_size(4 << 20);
         // A peer whose host vanished sends no reset: data left unacknowledged
-        // for a second fails the connection (and the failure then spreads to
+        // for 0.6 s fails the connection (at the next retransmission) (and the failure then spreads to
         // the other ranks at once); an idle connection is probed after a
         // second of silence. A live peer's kernel acknowledges even while
         // its process is busy, so slowness is not mistaken for death.
@@ -62,7 +62,7 @@ impl TcpLink {
             .with_interval(std::time::Duration::from_secs(1))
             .with_retries(1);
         let _ = s.set_tcp_keepalive(&ka);
-        let _ = s.set_tcp_user_timeout(Some(std::time::Duration::from_millis(1000)));
+        let _ = s.set_tcp_user_timeout(Some(std::time::Duration::from_millis(600)));
         Ok(TcpLink {
             sock,
             peer,
