@@ -6,6 +6,8 @@
 //!   nccl-tests (see [`perf`]).
 //! * `tutti topo` prints what a communicator found: hosts, local ranks,
 //!   transports, interfaces and the tuner's choices (see [`topo`]).
+//! * `tutti trace DIR` reads the flight-recorder files that ranks wrote to
+//!   `TUTTI_TRACE_DIR` after a failure and says which rank is behind.
 //!
 //! `docs/cli.md` documents every flag with sample output.
 #![warn(missing_docs)]
@@ -40,6 +42,41 @@ enum Cmd {
     Perf(Box<perf::PerfArgs>),
     /// Print hosts, local ranks, transports, interfaces and algorithm choices.
     Topo(topo::TopoArgs),
+    /// Read the flight-recorder files in DIR (from TUTTI_TRACE_DIR) and say which rank is behind.
+    Trace(TraceArgs),
+}
+
+/// Arguments of `tutti trace`.
+#[derive(clap::Args, Debug)]
+struct TraceArgs {
+    /// The directory the ranks wrote `tutti-trace-rank<R>.json` files to.
+    dir: std::path::PathBuf,
+    /// Also list each rank's recorded ops.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+fn trace(a: TraceArgs) -> Result<i32, String> {
+    let r = tutti::trace::analyze(&a.dir).map_err(|e| format!("{}: {e}", a.dir.display()))?;
+    if r.traces.is_empty() {
+        return Err(format!(
+            "no tutti-trace-rank*.json files in {}; set TUTTI_TRACE_DIR for the job",
+            a.dir.display()
+        ));
+    }
+    println!("{}", r.summary);
+    if a.verbose {
+        for t in &r.traces {
+            println!("\nrank {} ({} ops recorded):", t.rank, t.ops.len());
+            for o in &t.ops {
+                println!(
+                    "  #{:<6} {:<15} count {:<10} {:<5} {:<4} {:<17} {:?}",
+                    o.seq, o.op, o.count, o.dtype, o.redop, o.algorithm, o.state
+                );
+            }
+        }
+    }
+    Ok(0)
 }
 
 fn main() -> ExitCode {
@@ -57,6 +94,7 @@ fn main() -> ExitCode {
         Cmd::Run(a) => launch::main(a),
         Cmd::Perf(a) => perf::main(*a),
         Cmd::Topo(a) => topo::main(a),
+        Cmd::Trace(a) => trace(a),
     };
     match r {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
