@@ -1,0 +1,363 @@
+//! `tutti._native.Communicator`: a [`tutti::Communicator`] for Python.
+//!
+//! The Python package (`tutti/__init__.py`, `tutti/torch.py`) turns arrays and
+//! tensors into addresses and lengths and calls [`PyComm::call`], the one
+//! entry point for every collective. Blocking calls run with the GIL
+//! released; asynchronous ones go to the core's progress thread and to this
+//! communicator's [`Completer`].
+
+use crate::errors::IntoPy;
+use crate::work::{Completer, PyWork};
+use crate::UniqueIdArg;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tutti::algo::VCounts;
+use tutti::{Collective, Communicator, Config, DataType, Options, RawCall, ReduceOp};
+
+/// AllToAllV counts from Python: (send_counts, send_displs, recv_counts, recv_displs).
+type VCountsArg = (Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>);
+
+/// Collective codes used by [`PyComm::call`] (mirrored in `tutti/_codes.py`).
+fn collective(kind: u8, arg: usize) -> PyResult<Collective> {
+    Ok(match kind {
+        0 => Collective::AllReduce,
+        1 => Collective::Broadcast { root: arg },
+        2 => Collective::Reduce { root: arg },
+        3 => Collective::AllGather,
+        4 => Collective::ReduceScatter,
+        5 => Collective::AllToAll,
+        6 => Collective::AllToAllV,
+        7 => Collective::Gather { root: arg },
+        8 => Collective::Scatter { root: arg },
+        9 => Collective::Barrier,
+        10 => Collective::Send { peer: arg },
+        11 => Collective::Recv { peer: arg },
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "unknown collective code {kind}"
+            )))
+        }
+    })
+}
+
+/// Data type codes: the index in [`DataType::ALL`].
+pub(crate) fn dtype(code: u8) -> PyResult<DataType> {
+    DataType::ALL
+        .get(code as usize)
+        .copied()
+        .ok_or_else(|| PyValueError::new_err(format!("unknown data type code {code}")))
+}
+
+/// Reduction codes: the index in [`ReduceOp::ALL`] (sum, prod, max, min, avg).
+fn reduce_op(code: u8) -> PyResult<ReduceOp> {
+    ReduceOp::ALL
+        .get(code as usize)
+        .copied()
+        .ok_or_else(|| PyValueError::new_err(format!("unknown reduction code {code}")))
+}
+
+fn duration(secs: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
+    match secs {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s > 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => Err(PyValueError::new_err(format!(
+            "{what} must be a positive number of seconds, not {s}"
+        ))),
+    }
+}
+
+/// A non-null pointer for an empty buffer (the core may build empty slices from it).
+fn nonnull(p: usize, len: usize, what: &str) -> PyResult<usize> {
+    if p != 0 {
+        Ok(p)
+    } else if len == 0 {
+        Ok(std::ptr::NonNull::<u64>::dangling().as_ptr() as usize)
+    } else {
+        Err(PyValueError::new_err(format!(
+            "{what}: null address with {len} bytes"
+        )))
+    }
+}
+
+/// `tutti._native.Communicator`. See `tutti.Communicator` for the documented API.
+#[pyclass(frozen, name = "Communicator", module = "tutti._native")]
+pub(crate) struct PyComm {
+    inner: RwLock<Option<Arc<Communicator>>>,
+    completer: Mutex<Option<Completer>>,
+    /// Deadline of each op unless the call names one.
+    timeout: Option<Duration>,
+    rank: usize,
+    size: usize,
+}
+
+impl PyComm {
+    fn wrap(c: Communicator, timeout: Option<Duration>) -> PyComm {
+        PyComm {
+            rank: c.rank(),
+            size: c.size(),
+            inner: RwLock::new(Some(Arc::new(c))),
+            completer: Mutex::new(None),
+            timeout,
+        }
+    }
+
+    fn get(&self) -> PyResult<Arc<Communicator>> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| PyRuntimeError::new_err("this tutti communicator has been destroyed"))
+    }
+
+    fn config(timeout: Option<Duration>) -> tutti::Result<Config> {
+        let mut c = Config::from_env()?;
+        if let Some(t) = timeout {
+            c.timeout = t;
+        }
+        Ok(c)
+    }
+}
+
+#[pymethods]
+impl PyComm {
+    /// Joins the job named by `unique_id` (a `UniqueId` or its string) as
+    /// `rank` of `nranks`. Blocks (without the GIL) until every rank joined.
+    #[staticmethod]
+    #[pyo3(signature = (unique_id, nranks, rank, timeout=None))]
+    fn init_rank(
+        py: Python<'_>,
+        unique_id: UniqueIdArg,
+        nranks: usize,
+        rank: usize,
+        timeout: Option<f64>,
+    ) -> PyResult<PyComm> {
+        let t = duration(timeout, "timeout")?;
+        let id = unique_id.0;
+        let c = py
+            .detach(move || {
+                Self::config(t).and_then(|cfg| Communicator::init_rank_with(&id, nranks, rank, cfg))
+            })
+            .py(py)?;
+        Ok(PyComm::wrap(c, t))
+    }
+
+    /// Joins the job described by the environment (`tutti run`, torchrun, Slurm, Open MPI).
+    #[staticmethod]
+    #[pyo3(signature = (timeout=None))]
+    fn from_env(py: Python<'_>, timeout: Option<f64>) -> PyResult<PyComm> {
+        let t = duration(timeout, "timeout")?;
+        let c = py.detach(Communicator::from_env).py(py)?;
+        Ok(PyComm::wrap(c, t))
+    }
+
+    /// `n` communicators for `n` threads of this process (the local transport).
+    #[staticmethod]
+    #[pyo3(signature = (n, timeout=None))]
+    fn init_all(py: Python<'_>, n: usize, timeout: Option<f64>) -> PyResult<Vec<PyComm>> {
+        let t = duration(timeout, "timeout")?;
+        let cs = py
+            .detach(move || Self::config(t).and_then(|cfg| Communicator::init_all_with(n, cfg)))
+            .py(py)?;
+        Ok(cs.into_iter().map(|c| PyComm::wrap(c, t)).collect())
+    }
+
+    /// This rank.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    #[getter]
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    /// This rank's index among the ranks on its host.
+    #[getter]
+    fn local_rank(&self) -> PyResult<usize> {
+        Ok(self.get()?.local_rank())
+    }
+
+    /// Number of ranks on this rank's host.
+    #[getter]
+    fn local_size(&self) -> PyResult<usize> {
+        Ok(self.get()?.local_size())
+    }
+
+    /// The default op deadline in seconds (None: the core's, `TUTTI_TIMEOUT`).
+    #[getter]
+    fn timeout(&self) -> Option<f64> {
+        self.timeout.map(|d| d.as_secs_f64())
+    }
+
+    /// True once `destroy()` ran.
+    #[getter]
+    fn destroyed(&self) -> bool {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+    }
+
+    /// The core's view of the topology, as text.
+    fn topology(&self) -> PyResult<String> {
+        Ok(format!("{:?}", self.get()?.topology()))
+    }
+
+    /// Collective over this communicator: ranks with the same `color` form a
+    /// new communicator ordered by `key`; `color=None` gets None.
+    #[pyo3(signature = (color, key))]
+    fn split(&self, py: Python<'_>, color: Option<u32>, key: i64) -> PyResult<Option<PyComm>> {
+        let c = self.get()?;
+        let sub = py.detach(move || c.split(color, key)).py(py)?;
+        Ok(sub.map(|s| PyComm::wrap(s, self.timeout)))
+    }
+
+    /// Collective over this communicator: a communicator of `ranks` (in
+    /// that order); ranks not listed get None.
+    fn new_group(&self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<Option<PyComm>> {
+        let c = self.get()?;
+        let sub = py.detach(move || c.new_group(&ranks)).py(py)?;
+        Ok(sub.map(|s| PyComm::wrap(s, self.timeout)))
+    }
+
+    /// Makes every waiting and later op fail with `tutti.AbortedError`. Any thread.
+    fn abort(&self) -> PyResult<()> {
+        self.get()?.abort();
+        Ok(())
+    }
+
+    /// Finishes queued ops, then releases threads, sockets and shared memory.
+    /// Later calls raise. Idempotent.
+    fn destroy(&self, py: Python<'_>) {
+        let c = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
+        let done = self
+            .completer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        py.detach(move || {
+            if let Some(done) = done {
+                done.shutdown();
+            }
+            drop(c);
+        });
+    }
+
+    /// Number of ops this communicator has completed or failed.
+    fn ops_done(&self, py: Python<'_>) -> PyResult<u64> {
+        let c = self.get()?;
+        Ok(py.detach(move || c.ops_done()))
+    }
+
+    /// Runs one collective on raw memory. Private: the Python package checks
+    /// the buffers and passes their addresses.
+    ///
+    /// `kind`, `dtype` and `op` are codes (see `tutti/_codes.py`); `arg` is
+    /// the root or peer; lengths are in bytes. Blocking unless `async_op`:
+    /// then it returns a `Work`, keeps `keep` alive until the op is done and
+    /// then calls `callback(None or exception)` on the completer thread.
+    ///
+    /// The caller promises that the addresses are valid for the given
+    /// lengths and that nothing else touches that memory until the call
+    /// returns (blocking) or the op completes (asynchronous); `keep` should
+    /// own the memory.
+    #[pyo3(signature = (kind, arg, dtype, op, count, send, send_len, recv, recv_len, timeout=None, async_op=false, keep=None, callback=None, vcounts=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn _call(
+        &self,
+        py: Python<'_>,
+        kind: u8,
+        arg: usize,
+        dtype: u8,
+        op: u8,
+        count: usize,
+        send: usize,
+        send_len: usize,
+        recv: usize,
+        recv_len: usize,
+        timeout: Option<f64>,
+        async_op: bool,
+        keep: Option<Py<PyAny>>,
+        callback: Option<Py<PyAny>>,
+        vcounts: Option<VCountsArg>,
+    ) -> PyResult<Option<PyWork>> {
+        let c = self.get()?;
+        let call = RawCall {
+            coll: collective(kind, arg)?,
+            dtype: crate::comm::dtype(dtype)?,
+            op: reduce_op(op)?,
+            count,
+            send: nonnull(send, send_len, "send buffer")? as *const u8,
+            send_len,
+            recv: nonnull(recv, recv_len, "receive buffer")? as *mut u8,
+            recv_len,
+            vcounts: vcounts.map(
+                |(send_counts, send_displs, recv_counts, recv_displs)| VCounts {
+                    send_counts,
+                    send_displs,
+                    recv_counts,
+                    recv_displs,
+                },
+            ),
+        };
+        let opts = Options {
+            timeout: duration(timeout, "timeout")?.or(self.timeout),
+            ..Options::default()
+        };
+        if !async_op {
+            // SAFETY: the caller guarantees the buffers (see above) for the
+            // duration of this call, during which it holds references to them.
+            py.detach(move || unsafe { c.run_raw(&call, &opts) })
+                .py(py)?;
+            return Ok(None);
+        }
+        // SAFETY: as above, until the op completes; the completer holds
+        // `keep` (the buffers' owner) until then.
+        let w = unsafe { c.submit_raw(&call, &opts) };
+        let mut g = self.completer.lock().unwrap_or_else(|e| e.into_inner());
+        let completer = g.get_or_insert_with(|| Completer::start(self.rank));
+        Ok(Some(completer.push(w, keep, callback)))
+    }
+
+    fn __repr__(&self) -> String {
+        if self.destroyed() {
+            format!(
+                "<tutti Communicator rank {} of {} (destroyed)>",
+                self.rank, self.size
+            )
+        } else {
+            format!("<tutti Communicator rank {} of {}>", self.rank, self.size)
+        }
+    }
+}
+
+impl Drop for PyComm {
+    fn drop(&mut self) {
+        // Without the GIL held by us here we cannot detach; the completer's
+        // callbacks may need to attach, so hand the join to a thread.
+        let done = self
+            .completer
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let c = self
+            .inner
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if done.is_some() || c.is_some() {
+            let _ = std::thread::Builder::new()
+                .name("tutti-py-destroy".into())
+                .spawn(move || {
+                    if let Some(d) = done {
+                        d.shutdown();
+                    }
+                    drop(c);
+                });
+        }
+    }
+}

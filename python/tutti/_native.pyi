@@ -1,0 +1,94 @@
+"""Type stubs for ``tutti._native``, the compiled half of the package (crates/tutti-py).
+
+The public API is in ``tutti`` (numpy) and ``tutti.torch``; this module is what they call.
+"""
+
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+__version__: str
+
+class UniqueId:
+    """The rendezvous handle: rank 0's address and port and an auth token.
+    ``str(uid)`` is ``"tutti1:ADDR:PORT:TOKEN"``; ``UniqueId(s)`` parses it."""
+
+    def __init__(self, s: str) -> None: ...
+    @staticmethod
+    def new(host: Optional[str] = None) -> "UniqueId":
+        """A fresh id with a random token. Without ``host`` rank 0 listens on loopback (or
+        ``TUTTI_SOCKET_IFNAME``'s address) and must run in this process; with ``host`` a
+        free port is picked and rank 0 binds it on all interfaces when it joins."""
+    @staticmethod
+    def for_address(host: str, port: int) -> "UniqueId":
+        """The id every rank can compute from the master's address (``tcp://HOST:PORT``):
+        the token is ``TUTTI_TOKEN`` or derived from host and port."""
+    @property
+    def address(self) -> str:
+        """Rank 0's ``"ADDR:PORT"``."""
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+class Work:
+    """The handle of an asynchronous op."""
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """True once done; raises the op's error, or the built-in ``TimeoutError`` if it is
+        still running after ``timeout`` seconds. Releases the GIL while waiting."""
+    def is_completed(self) -> bool: ...
+    def is_success(self) -> bool: ...
+    def exception(self) -> Optional[BaseException]: ...
+
+class Communicator:
+    """A tutti communicator. ``_call`` runs any collective on raw addresses."""
+
+    @staticmethod
+    def init_rank(unique_id: Union[UniqueId, str], nranks: int, rank: int,
+                  timeout: Optional[float] = None) -> "Communicator": ...
+    @staticmethod
+    def from_env(timeout: Optional[float] = None) -> "Communicator": ...
+    @staticmethod
+    def init_all(n: int, timeout: Optional[float] = None) -> List["Communicator"]: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def local_rank(self) -> int: ...
+    @property
+    def local_size(self) -> int: ...
+    @property
+    def timeout(self) -> Optional[float]: ...
+    @property
+    def destroyed(self) -> bool: ...
+    def topology(self) -> str: ...
+    def split(self, color: Optional[int], key: int) -> Optional["Communicator"]: ...
+    def new_group(self, ranks: Sequence[int]) -> Optional["Communicator"]: ...
+    def abort(self) -> None: ...
+    def destroy(self) -> None: ...
+    def ops_done(self) -> int: ...
+    def _call(
+        self,
+        kind: int,
+        arg: int,
+        dtype: int,
+        op: int,
+        count: int,
+        send: int,
+        send_len: int,
+        recv: int,
+        recv_len: int,
+        timeout: Optional[float] = None,
+        async_op: bool = False,
+        keep: Any = None,
+        callback: Optional[Callable[[Optional[BaseException]], None]] = None,
+        vcounts: Optional[Tuple[List[int], List[int], List[int], List[int]]] = None,
+    ) -> Optional[Work]:
+        """Runs collective ``kind`` (codes in ``tutti._codes``) on raw memory. The caller
+        guarantees the addresses stay valid and untouched until the call returns (blocking)
+        or the op completes (``async_op``: ``keep`` is held until then, then
+        ``callback(None or exception)`` runs on the completer thread)."""
+
+def buffer(array: Any, writable: bool, what: str = "array") -> Tuple[int, int, int, int]:
+    """``(address, nbytes, dtype code, itemsize)`` of a C-contiguous numpy array; raises
+    TypeError / ValueError for anything tutti cannot use in place."""
+
+def _dtype_codes() -> List[Tuple[str, int, int]]: ...

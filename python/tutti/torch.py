@@ -1,0 +1,589 @@
+"""The torch.distributed backend ``"tutti"`` for CPU tensors.
+
+Importing this module registers the backend::
+
+    import torch.distributed as dist
+    import tutti.torch  # noqa: F401
+
+    dist.init_process_group(backend="tutti")       # under torchrun, tutti run, or mp.spawn
+
+after which every torch.distributed collective on CPU tensors, and DistributedDataParallel,
+run over tutti (shared memory within a host, TCP across hosts).
+
+How it works. :class:`ProcessGroupTutti` is a ``torch.distributed.ProcessGroup``
+implemented in Python. Its creator receives torch's store (``env://``, ``tcp://`` or
+``file://``) and uses it only to hand rank 0's :class:`tutti.UniqueId` to the others;
+every group (the default one and each ``dist.new_group``) gets its own tutti
+communicator. Tensors are passed to tutti by address: no copy for contiguous CPU
+tensors (a non-contiguous one is copied once into a contiguous buffer and back).
+Blocking calls (``async_op=False``) run on the calling thread with the GIL released;
+asynchronous ones (``async_op=True``, and every call DDP makes) run on tutti's progress
+thread, and their ``torch.futures.Future`` is completed from tutti's completer thread,
+so DDP's gradient all-reduces overlap the backward pass. The group's timeout (the
+``timeout=`` of ``init_process_group``/``new_group``) is every op's deadline.
+
+Supported: all_reduce, broadcast, reduce, all_gather (lists, uneven sizes too) and
+all_gather_into_tensor, reduce_scatter (lists) and reduce_scatter_tensor, all_to_all and
+all_to_all_single (with split sizes), gather, gather_single, scatter, send/recv/isend/
+irecv, barrier, and the coalesced forms. Reductions: SUM, AVG, PRODUCT, MIN, MAX on
+float32/64, float16, bfloat16, int8/32/64, uint8 (and uint32/64); bool with MAX/MIN (SUM
+and PRODUCT mean or/and, BOR/BAND too). Other dtypes (int16, complex, ...) are moved
+as bytes; torch itself turns complex all-reduces into float ones.
+
+Limits. Point-to-point ops run in issue order with the collectives of the group, so two
+ranks must issue matching sends and receives in the same order (a ring exchange of
+large tensors through ``batch_isend_irecv`` can deadlock); ``tag`` is ignored;
+receiving from any source is not supported.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any, Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+)
+
+from . import _codes as C
+from . import _native, _net
+from ._torch_util import (
+    _DONE,
+    _DT,
+    _OPS,
+    TuttiWork,
+    _concat,
+    _disjoint,
+    _DoneWork,
+    _dst,
+    _gather_buffer,
+    _key,
+    _moved,
+    _prefix,
+    _reduce_codes,
+    _seconds,
+    _src,
+)
+
+__all__ = ["ProcessGroupTutti", "TuttiWork", "BACKEND_NAME", "register"]
+
+BACKEND_NAME = "tutti"
+
+# ---- the process group -------------------------------------------------------------------
+
+
+_UID_KEY = "tutti/unique_id"
+
+_groups: "weakref.WeakSet[ProcessGroupTutti]" = weakref.WeakSet()
+
+
+class ProcessGroupTutti(dist.ProcessGroup):
+    """A torch.distributed ProcessGroup backed by a tutti communicator (see the module doc)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: Any = None):
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        self._timeout = _seconds(timeout)
+        if rank == 0:
+            uid = _native.UniqueId.new(_net.my_address())
+            store.set(_UID_KEY, str(uid))
+        else:
+            uid = store.get(_UID_KEY).decode()
+        self._comm = _native.Communicator.init_rank(uid, size, rank, self._timeout)
+        self._call = self._comm._call
+        _groups.add(self)
+
+    # ---- identity ----
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def comm(self) -> Any:
+        """The tutti communicator (``tutti._native.Communicator``) behind this group."""
+        return self._comm
+
+    def shutdown(self) -> None:
+        self._comm.destroy()
+
+    def abort(self) -> None:
+        self._comm.abort()
+
+    # ---- plumbing ----
+    def _submit(self, calls: list, keep: Any, post: list, outputs: Any, async_op: bool) -> Any:
+        """Runs `calls` (tuples of _call's first nine arguments plus vcounts) in order."""
+        call = self._call
+        if not async_op:
+            for c in calls:
+                call(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], None, False, None, None, c[9])
+            for p in post:
+                p()
+            return _DONE
+        fut = torch.futures.Future()
+
+        def done(err: Optional[BaseException]) -> None:
+            if err is not None:
+                fut.set_exception(err)
+                return
+            try:
+                for p in post:
+                    p()
+            except BaseException as e:  # noqa: BLE001 - handed to the future
+                fut.set_exception(e)
+                return
+            fut.set_result(outputs)
+
+        w = None
+        last = len(calls) - 1
+        for i, c in enumerate(calls):
+            if i < last:
+                call(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], None, True, None, None, c[9])
+            else:
+                w = call(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], None, True, (keep, outputs), done, c[9])
+        if w is None:  # nothing to do (an empty list of tensors)
+            done(None)
+            return _DoneWork(outputs)
+        return TuttiWork(w, fut, outputs)
+
+    def _async1(self, kind: int, arg: int, code: int, op: int, count: int, sp: int, sl: int, rp: int, rl: int,
+                outputs: Any) -> TuttiWork:
+        fut = torch.futures.Future()
+
+        def done(err: Optional[BaseException]) -> None:
+            if err is None:
+                fut.set_result(outputs)
+            else:
+                fut.set_exception(err)
+
+        w = self._call(kind, arg, code, op, count, sp, sl, rp, rl, None, True, outputs, done)
+        return TuttiWork(w, fut, outputs)
+
+    # ---- all_reduce ----
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
+        if opts is None:
+            opts = AllreduceOptions()
+        elif not isinstance(opts, AllreduceOptions):  # pg.allreduce(tensors, ReduceOp)
+            op, opts = opts, AllreduceOptions()
+            opts.reduceOp = op
+        if len(tensors) == 1:  # the fast path: one contiguous CPU tensor of a native type
+            t = tensors[0]
+            if t.is_cpu and t.is_contiguous():
+                code = _DT.get(t.dtype)
+                opc = _OPS.get(_key(opts.reduceOp))
+                if code is not None and opc is not None and code != C.BOOL:
+                    n = t.numel()
+                    p = t.data_ptr()
+                    nb = n * t.element_size()
+                    if not opts.asyncOp:
+                        self._call(C.ALL_REDUCE, 0, code, opc, n, p, nb, p, nb)
+                        return _DONE
+                    return self._async1(C.ALL_REDUCE, 0, code, opc, n, p, nb, p, nb, tensors)
+        post: list = []
+        calls = []
+        bufs = []
+        for t in tensors:
+            code, opc = _reduce_codes(t, opts.reduceOp)
+            b = _dst(t, post)
+            bufs.append(b)
+            nb = b.numel() * b.element_size()
+            calls.append((C.ALL_REDUCE, 0, code, opc, b.numel(), b.data_ptr(), nb, b.data_ptr(), nb, None))
+        return self._submit(calls, bufs, post, tensors, opts.asyncOp)
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
+        o = AllreduceOptions()
+        if opts is not None:
+            o.reduceOp, o.asyncOp = opts.reduceOp, opts.asyncOp
+        return self.allreduce(tensors, o)
+
+    # ---- broadcast ----
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
+        if opts is None:
+            opts = BroadcastOptions()
+        root = opts.rootRank
+        post: list = []
+        calls, bufs = [], []
+        for t in tensors:
+            code, item = _moved(t)
+            b = _dst(t, post) if self._rank != root else _src(t)
+            bufs.append(b)
+            nb = b.numel() * b.element_size()
+            calls.append((C.BROADCAST, root, code, C.OP_SUM, nb // item, b.data_ptr(), nb, b.data_ptr(), nb, None))
+        return self._submit(calls, bufs, post, tensors, opts.asyncOp)
+
+    # ---- reduce ----
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
+        if opts is None:
+            opts = ReduceOptions()
+        root = opts.rootRank
+        post: list = []
+        calls, bufs = [], []
+        for t in tensors:
+            code, opc = _reduce_codes(t, opts.reduceOp)
+            if self._rank == root:
+                send = t.clone(memory_format=torch.contiguous_format)  # the core needs separate buffers
+                recv = _dst(t, post, keep_data=False)
+                rp, rl = recv.data_ptr(), recv.numel() * recv.element_size()
+                bufs += [send, recv]
+            else:
+                send = _src(t)
+                rp, rl = 0, 0
+                bufs.append(send)
+            sl = send.numel() * send.element_size()
+            calls.append((C.REDUCE, root, code, opc, send.numel(), send.data_ptr(), sl, rp, rl, None))
+        return self._submit(calls, bufs, post, tensors, opts.asyncOp)
+
+    # ---- all_gather ----
+    def allgather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Any:
+        if opts is None:
+            opts = AllgatherOptions()
+        post: list = []
+        calls, bufs = [], []
+        n = self._size
+        for outs, inp in zip(output_lists, inputs):
+            if len(outs) != n:
+                raise ValueError(f"tutti all_gather: the output list has {len(outs)} tensors; it needs {n}")
+            for o in outs:
+                if o.dtype != inp.dtype:
+                    raise TypeError(f"tutti all_gather: output dtype {o.dtype} differs from input dtype {inp.dtype}")
+            src = _src(inp)
+            dst = _gather_buffer(outs, post)
+            bufs += [src, dst]
+            code, item = _moved(inp)
+            sl = src.numel() * src.element_size()
+            rl = dst.numel() * dst.element_size()
+            esz = inp.element_size()
+            counts = [o.numel() for o in outs]
+            if all(c == inp.numel() for c in counts):
+                calls.append((C.ALL_GATHER, 0, code, C.OP_SUM, sl // item, src.data_ptr(), sl, dst.data_ptr(), rl, None))
+            else:  # uneven sizes: an all-to-all-v that sends the same block to everybody
+                if counts[self._rank] != inp.numel():
+                    raise ValueError(f"tutti all_gather: output {self._rank} has {counts[self._rank]} elements but "
+                                     f"this rank's input has {inp.numel()}")
+                k = esz // item
+                rc = [c * k for c in counts]
+                vc = ([inp.numel() * k] * n, [0] * n, rc, _prefix(rc))
+                calls.append((C.ALL_TO_ALL_V, 0, code, C.OP_SUM, 0, src.data_ptr(), sl, dst.data_ptr(), rl, vc))
+        return self._submit(calls, bufs, post, output_lists, opts.asyncOp)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        if opts is None:
+            opts = AllgatherOptions()
+        if output.dtype != input.dtype:
+            raise TypeError(f"tutti all_gather_into_tensor: output dtype {output.dtype} differs from input {input.dtype}")
+        post: list = []
+        src = _src(input)
+        dst = _dst(output, post, keep_data=False)
+        code, item = _moved(input)
+        sl = src.numel() * src.element_size()
+        rl = dst.numel() * dst.element_size()
+        call = (C.ALL_GATHER, 0, code, C.OP_SUM, sl // item, src.data_ptr(), sl, dst.data_ptr(), rl, None)
+        return self._submit([call], (src, dst), post, [output], opts.asyncOp)
+
+    _allgather_base = all_gather_single
+
+    def allgather_coalesced(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
+        return self.allgather(output_lists, inputs, opts)
+
+    def allgather_into_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+                                        opts: Any = None) -> Any:
+        return self._coalesced(self.all_gather_single, outputs, inputs, opts, AllgatherOptions)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def _coalesced(self, f: Callable[..., Any], outputs: Any, inputs: Any, opts: Any, mk: Any) -> Any:
+        async_op = True if opts is None else opts.asyncOp
+        inner = mk()
+        for a in ("reduceOp",):
+            if opts is not None and hasattr(opts, a):
+                setattr(inner, a, getattr(opts, a))
+        inner.asyncOp = async_op
+        w = _DONE
+        for o, i in zip(outputs, inputs):
+            w = f(o, i, inner)
+        if isinstance(w, TuttiWork):
+            return TuttiWork(w._w, _then(w._fut, outputs), outputs)
+        return _DoneWork(outputs)
+
+    # ---- reduce_scatter ----
+    def reduce_scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]],
+                       opts: Any = None) -> Any:
+        if opts is None:
+            opts = ReduceScatterOptions()
+        n = self._size
+        post: list = []
+        calls, bufs = [], []
+        for out, ins in zip(outputs, input_lists):
+            if len(ins) != n:
+                raise ValueError(f"tutti reduce_scatter: the input list has {len(ins)} tensors; it needs {n}")
+            code, opc = _reduce_codes(out, opts.reduceOp)
+            src = _concat(ins)
+            counts = [t.numel() for t in ins]
+            if all(c == out.numel() for c in counts):
+                dst = _dst(out, post, keep_data=False)
+                src = _disjoint(src, dst)
+                bufs += [src, dst]
+                sl = src.numel() * src.element_size()
+                rl = dst.numel() * dst.element_size()
+                calls.append((C.REDUCE_SCATTER, 0, code, opc, dst.numel(), src.data_ptr(), sl, dst.data_ptr(), rl,
+                              None))
+            else:  # uneven blocks: all-reduce everything, keep this rank's block
+                if counts[self._rank] != out.numel():
+                    raise ValueError(f"tutti reduce_scatter: input block {self._rank} has {counts[self._rank]} "
+                                     f"elements but the output has {out.numel()}")
+                tmp = src.clone() if src.data_ptr() in {t.data_ptr() for t in ins} else src
+                lo = sum(counts[: self._rank])
+                bufs.append(tmp)
+                nb = tmp.numel() * tmp.element_size()
+                calls.append((C.ALL_REDUCE, 0, code, opc, tmp.numel(), tmp.data_ptr(), nb, tmp.data_ptr(), nb, None))
+                post.append(lambda out=out, tmp=tmp, lo=lo: out.copy_(tmp[lo:lo + out.numel()].view(out.shape)))
+        return self._submit(calls, bufs, post, outputs, opts.asyncOp)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        if opts is None:
+            opts = ReduceScatterOptions()
+        if output.dtype != input.dtype:
+            raise TypeError(f"tutti reduce_scatter_tensor: output dtype {output.dtype} differs from input {input.dtype}")
+        code, opc = _reduce_codes(input, opts.reduceOp)
+        post: list = []
+        src = _src(input)
+        dst = _dst(output, post, keep_data=False)
+        src = _disjoint(src, dst)
+        sl = src.numel() * src.element_size()
+        rl = dst.numel() * dst.element_size()
+        call = (C.REDUCE_SCATTER, 0, code, opc, dst.numel(), src.data_ptr(), sl, dst.data_ptr(), rl, None)
+        return self._submit([call], (src, dst), post, [output], opts.asyncOp)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+                                        opts: Any = None) -> Any:
+        return self._coalesced(self.reduce_scatter_single, outputs, inputs, opts, ReduceScatterOptions)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    # ---- all_to_all ----
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
+                 opts: Any = None) -> Any:
+        if opts is None:
+            opts = AllToAllOptions()
+        n = self._size
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(f"tutti all_to_all: the input and output lists need {n} tensors each")
+        dt = input_tensors[0].dtype
+        if any(t.dtype != dt for t in list(output_tensors) + list(input_tensors)):
+            raise TypeError("tutti all_to_all: every input and output tensor must have the same dtype")
+        post: list = []
+        src = _concat(input_tensors)
+        dst = _gather_buffer(output_tensors, post)
+        src = _disjoint(src, dst)
+        code, item = _moved(src)
+        k = src.element_size() // item
+        sc = [t.numel() * k for t in input_tensors]
+        rc = [t.numel() * k for t in output_tensors]
+        sl = src.numel() * src.element_size()
+        rl = dst.numel() * dst.element_size()
+        if len(set(sc + rc)) == 1:
+            call = (C.ALL_TO_ALL, 0, code, C.OP_SUM, sc[0], src.data_ptr(), sl, dst.data_ptr(), rl, None)
+        else:
+            call = (C.ALL_TO_ALL_V, 0, code, C.OP_SUM, 0, src.data_ptr(), sl, dst.data_ptr(), rl,
+                    (sc, _prefix(sc), rc, _prefix(rc)))
+        return self._submit([call], (src, dst), post, output_tensors, opts.asyncOp)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int],
+                      input_split_sizes: List[int], opts: Any = None) -> Any:
+        if opts is None:
+            opts = AllToAllOptions()
+        n = self._size
+        if output.dtype != input.dtype:
+            raise TypeError(f"tutti all_to_all_single: output dtype {output.dtype} differs from input {input.dtype}")
+        post: list = []
+        src = _src(input)
+        dst = _dst(output, post, keep_data=False)
+        src = _disjoint(src, dst)
+        code, item = _moved(src)
+        k = src.element_size() // item
+        sl = src.numel() * src.element_size()
+        rl = dst.numel() * dst.element_size()
+        if not output_split_sizes and not input_split_sizes:
+            if src.numel() % n:
+                raise ValueError(f"tutti all_to_all_single: the input has {src.numel()} elements, not a multiple of {n}")
+            call = (C.ALL_TO_ALL, 0, code, C.OP_SUM, src.numel() // n * k, src.data_ptr(), sl, dst.data_ptr(), rl,
+                    None)
+        else:
+            def counts(t: torch.Tensor, splits: List[int]) -> List[int]:
+                rows = t.shape[0] if t.dim() else 1
+                row = (t.numel() // rows if rows else 0) * k
+                if not splits:
+                    if rows % n:
+                        raise ValueError(f"tutti all_to_all_single: dim 0 ({rows}) is not a multiple of {n}")
+                    return [rows // n * row] * n
+                if len(splits) != n:
+                    raise ValueError(f"tutti all_to_all_single: split sizes need {n} entries, got {len(splits)}")
+                return [int(s) * row for s in splits]
+
+            sc, rc = counts(src, input_split_sizes), counts(dst, output_split_sizes)
+            call = (C.ALL_TO_ALL_V, 0, code, C.OP_SUM, 0, src.data_ptr(), sl, dst.data_ptr(), rl,
+                    (sc, _prefix(sc), rc, _prefix(rc)))
+        return self._submit([call], (src, dst), post, [output], opts.asyncOp)
+
+    all_to_all_single = alltoall_base
+
+    # ---- gather / scatter ----
+    def gather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Any:
+        if opts is None:
+            opts = GatherOptions()
+        root = opts.rootRank
+        n = self._size
+        post: list = []
+        calls, bufs = [], []
+        for i, inp in enumerate(inputs):
+            src = _src(inp)
+            code, item = _moved(src)
+            sl = src.numel() * src.element_size()
+            rp = rl = 0
+            bufs.append(src)
+            if self._rank == root:
+                outs = output_lists[i] if i < len(output_lists) else []
+                if len(outs) != n:
+                    raise ValueError(f"tutti gather: the root's output list has {len(outs)} tensors; it needs {n}")
+                if any(o.numel() != inp.numel() or o.dtype != inp.dtype for o in outs):
+                    raise ValueError("tutti gather: every output tensor must match the input in size and dtype")
+                dst = _gather_buffer(outs, post)
+                bufs.append(dst)
+                rp, rl = dst.data_ptr(), dst.numel() * dst.element_size()
+            calls.append((C.GATHER, root, code, C.OP_SUM, sl // item, src.data_ptr(), sl, rp, rl, None))
+        return self._submit(calls, bufs, post, output_lists, opts.asyncOp)
+
+    def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        if opts is None:
+            opts = GatherOptions()
+        root = opts.rootRank
+        post: list = []
+        src = _src(input)
+        code, item = _moved(src)
+        sl = src.numel() * src.element_size()
+        rp = rl = 0
+        bufs = [src]
+        if self._rank == root:
+            dst = _dst(output, post, keep_data=False)
+            bufs.append(dst)
+            rp, rl = dst.data_ptr(), dst.numel() * dst.element_size()
+        call = (C.GATHER, root, code, C.OP_SUM, sl // item, src.data_ptr(), sl, rp, rl, None)
+        return self._submit([call], bufs, post, [output], opts.asyncOp)
+
+    def scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None) -> Any:
+        if opts is None:
+            opts = ScatterOptions()
+        root = opts.rootRank
+        n = self._size
+        post: list = []
+        calls, bufs = [], []
+        for i, out in enumerate(outputs):
+            dst = _dst(out, post, keep_data=False)
+            code, item = _moved(dst)
+            rl = dst.numel() * dst.element_size()
+            sp = sl = 0
+            bufs.append(dst)
+            if self._rank == root:
+                ins = input_lists[i] if i < len(input_lists) else []
+                if len(ins) != n:
+                    raise ValueError(f"tutti scatter: the root's input list has {len(ins)} tensors; it needs {n}")
+                if any(t.numel() != out.numel() or t.dtype != out.dtype for t in ins):
+                    raise ValueError("tutti scatter: every input tensor must match the output in size and dtype")
+                src = _concat(ins)
+                bufs.append(src)
+                sp, sl = src.data_ptr(), src.numel() * src.element_size()
+            calls.append((C.SCATTER, root, code, C.OP_SUM, rl // item, sp, sl, dst.data_ptr(), rl, None))
+        return self._submit(calls, bufs, post, outputs, opts.asyncOp)
+
+    # ---- point to point ----
+    def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Any:
+        calls, bufs = [], []
+        for t in tensors:
+            src = _src(t)
+            code, item = _moved(src)
+            sl = src.numel() * src.element_size()
+            bufs.append(src)
+            calls.append((C.SEND, dst, code, C.OP_SUM, sl // item, src.data_ptr(), sl, 0, 0, None))
+        # Always asynchronous: dist.send waits on the Work, dist.isend does not.
+        return self._submit(calls, bufs, [], tensors, True)
+
+    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Any:
+        post: list = []
+        calls, bufs = [], []
+        for t in tensors:
+            dst = _dst(t, post, keep_data=False)
+            code, item = _moved(dst)
+            rl = dst.numel() * dst.element_size()
+            bufs.append(dst)
+            calls.append((C.RECV, src, code, C.OP_SUM, rl // item, 0, 0, dst.data_ptr(), rl, None))
+        return self._submit(calls, bufs, post, tensors, True)
+
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Any:
+        raise RuntimeError("tutti: receiving from any source is not supported; name the source rank")
+
+    # ---- barrier ----
+    def barrier(self, opts: Any = None) -> Any:
+        async_op = True if opts is None else opts.asyncOp
+        return self._submit([(C.BARRIER, 0, C.U8, C.OP_SUM, 0, 0, 0, 0, 0, None)], None, [], [], async_op)
+
+
+def _then(fut: torch.futures.Future, value: Any) -> torch.futures.Future:
+    """A future completed with `value` once `fut` completes (or with its error)."""
+    out = torch.futures.Future()
+
+    def cb(f: torch.futures.Future) -> None:
+        try:
+            f.value()
+        except BaseException as e:  # noqa: BLE001
+            out.set_exception(e)
+            return
+        out.set_result(value)
+
+    fut.add_done_callback(cb)
+    return out
+
+
+def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupTutti:
+    return ProcessGroupTutti(store, rank, size, timeout)
+
+
+def _adopt_tutti_env() -> None:
+    """Under ``tutti run`` (TUTTI_* set, torch's variables not), fill in torch's env://
+    variables so that ``dist.init_process_group(backend="tutti")`` works unchanged."""
+    pairs = (("RANK", "TUTTI_RANK"), ("WORLD_SIZE", "TUTTI_WORLD_SIZE"), ("LOCAL_RANK", "TUTTI_LOCAL_RANK"),
+             ("MASTER_ADDR", "TUTTI_MASTER_ADDR"), ("MASTER_PORT", "TUTTI_MASTER_PORT"))
+    if os.environ.get("TUTTI_RANK") and not os.environ.get("RANK"):
+        for torch_name, tutti_name in pairs:
+            v = os.environ.get(tutti_name)
+            if v and not os.environ.get(torch_name):
+                os.environ[torch_name] = v
+
+
+def register() -> None:
+    """Registers the backend ``"tutti"`` for CPU tensors (done on import; idempotent)."""
+    if getattr(dist.Backend, BACKEND_NAME.upper(), None) is not None:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+
+
+_adopt_tutti_env()
+register()
+
+
+@__import__("atexit").register
+def _destroy_all() -> None:
+    for g in list(_groups):
+        try:
+            g._comm.destroy()
+        except Exception:
+            pass
