@@ -24,7 +24,7 @@ pub enum TransportChoice {
 /// | `TUTTI_ALGO` | [`algo`](Config::algo) | auto |
 /// | `TUTTI_SHM_RING_BYTES` | [`ring_bytes`](Config::ring_bytes) | 512 KiB |
 /// | `TUTTI_SHM_DIRECT_BYTES` | [`direct_bytes`](Config::direct_bytes) | 256 KiB |
-/// | `TUTTI_SPIN_US` | [`spin`](Config::spin) | 500 us, or 50 us (yielding) when ranks outnumber cores |
+/// | `TUTTI_SPIN_US` | [`spin`](Config::spin) | 200 us (20 us for async ops), or 50 us yielding when ranks outnumber cores |
 /// | `TUTTI_SOCKET_IFNAME` | [`socket_ifname`](Config::socket_ifname) | any |
 /// | `TUTTI_HOST_ID` | [`host_id`](Config::host_id) | hostname + boot id + network namespace |
 /// | `TUTTI_DETERMINISTIC` (`0`, `1`) | [`deterministic`](Config::deterministic) | 0 |
@@ -168,7 +168,7 @@ impl Config {
         let d = self.spin.unwrap_or(if over {
             Duration::from_micros(50)
         } else {
-            Duration::from_micros(500)
+            Duration::from_micros(200)
         });
         (d, over)
     }

@@ -169,6 +169,7 @@ impl Communicator {
             output_len: ob,
             algorithm: opts.algorithm,
             timeout: opts.timeout,
+            background: false,
         })
     }
 

@@ -35,6 +35,9 @@ pub(crate) struct OpCall {
     pub output_len: usize,
     pub algorithm: Option<Algorithm>,
     pub timeout: Option<Duration>,
+    /// Run by the progress thread while the caller computes: poll briefly
+    /// before sleeping, so as not to take the CPU from the computation.
+    pub background: bool,
 }
 
 // SAFETY: the pointers refer to buffers the caller keeps alive (and does not
@@ -292,7 +295,11 @@ impl Core {
             bounce: std::mem::take(&mut self.bounce),
         };
         let bell_ptr = self.bell().map(|b| b as *const Doorbell);
-        let spin = self.spin;
+        let spin = if c.background {
+            (self.spin.0.min(Duration::from_micros(20)), true)
+        } else {
+            self.spin
+        };
         let r = {
             let mut env = Env {
                 links: &mut self.links,
@@ -439,17 +446,25 @@ impl Engine {
         }
     }
 
-    fn run_turn(t: &Turns, ticket: u64, call: &OpCall, abort: &AtomicBool) -> Result<()> {
+    /// Runs `call` in its turn. `done`, if given, is completed before the
+    /// turn passes on, so a later op never finishes before this one reports.
+    fn run_turn(t: &Turns, ticket: u64, call: &OpCall, abort: &AtomicBool, done: Option<&Completion>) -> Result<()> {
         let mut g = match t.lock_turn(ticket, Some(abort)) {
             Ok(g) => g,
             Err(e) => {
                 // Still take (and pass on) the turn so later ops are not stuck.
                 let g = t.lock_turn(ticket, None)?;
+                if let Some(d) = done {
+                    d.complete(Err(e.clone()));
+                }
                 t.end_turn(g);
                 return Err(e);
             }
         };
         let r = g.run(call, abort);
+        if let Some(d) = done {
+            d.complete(r.clone());
+        }
         t.end_turn(g);
         r
     }
@@ -457,7 +472,7 @@ impl Engine {
     /// Runs `call` on this thread, after every op issued before it.
     pub(crate) fn run_blocking(&self, call: OpCall) -> Result<()> {
         let t = self.tickets.fetch_add(1, Ordering::SeqCst);
-        Self::run_turn(&self.core, t, &call, &self.abort)
+        Self::run_turn(&self.core, t, &call, &self.abort, None)
     }
 
     /// Queues `call` for the progress thread; `done` completes with its result.
@@ -471,9 +486,9 @@ impl Engine {
             let h = std::thread::Builder::new()
                 .name("tutti-progress".into())
                 .spawn(move || {
-                    while let Ok(job) = rx.recv() {
-                        let r = Self::run_turn(&core, job.ticket, &job.call, &abort);
-                        job.done.complete(r);
+                    while let Ok(mut job) = rx.recv() {
+                        job.call.background = true;
+                        let _ = Self::run_turn(&core, job.ticket, &job.call, &abort, Some(&job.done));
                     }
                 })
                 .expect("spawning the progress thread");
