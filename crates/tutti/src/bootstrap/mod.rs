@@ -354,13 +354,19 @@ pub(crate) fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, cfg: &Config
         connect(&mut ex, rank, Some(&members), cfg, id.token, my_ip, deadline)?
             .ok_or_else(|| boot("internal: rank missing from its own group".into()))?
     };
-    match &server {
-        Some(s) => s.linger_for(nranks - 1),
+    // The store is only for set-up: once every rank has its last reply it
+    // stops, freeing the port for the next communicator (recovery uses the
+    // ranks' own listeners).
+    match server {
+        Some(s) => {
+            s.linger_for(nranks - 1);
+            drop(s);
+        }
         None => client.release(deadline)?,
     }
     Ok(Joined {
         conn,
-        server,
+        server: None,
         client,
         ip: my_ip,
     })
@@ -458,7 +464,7 @@ pub(crate) fn connect(
     let name_out = if shm && local_me == 0 {
         let name = format!("/tutti-{}-{}-{}-{}", hex(&token[..4]), sys::pid(), me, unique_suffix());
         let (seg, path) = create_segment(&name, layout).map_err(|e| boot(e.to_string()))?;
-        created = Some((seg, path));
+        created = Some((seg, Unlink(path)));
         name.into_bytes()
     } else {
         Vec::new()
@@ -466,9 +472,10 @@ pub(crate) fn connect(
     let names = ex.allgather(&name_out)?;
     let segment = if shm {
         let seg = match created.take() {
-            Some((seg, path)) => {
-                ex.barrier()?; // everybody has mapped it
-                let _ = std::fs::remove_file(path);
+            Some((seg, unlink)) => {
+                let r = ex.barrier(); // everybody has mapped it
+                drop(unlink); // removes the file, on success or failure
+                r?;
                 seg
             }
             None => {
@@ -514,6 +521,16 @@ pub(crate) fn connect(
         peer_addrs: infos.iter().map(|i| i.addr).collect(),
         ranks_on_machine: infos.iter().filter(|i| i.machine == infos[rank].machine).count(),
     }))
+}
+
+/// Removes a shared-memory file when dropped, so that a failed set-up
+/// leaves nothing in /dev/shm.
+struct Unlink(String);
+
+impl Drop for Unlink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 fn unique_suffix() -> String {

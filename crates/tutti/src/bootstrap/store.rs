@@ -162,10 +162,17 @@ fn accept_loop(listener: TcpListener, token: [u8; 16], sh: Arc<Shared>) {
 }
 
 fn serve(mut s: TcpStream, peer: SocketAddr, token: [u8; 16], sh: Arc<Shared>) {
+    serve_conn(&mut s, peer, token, sh);
+    // The server keeps a clone of every connection (to close them all on
+    // stop): shut the socket itself so the client sees the end at once.
+    let _ = s.shutdown(std::net::Shutdown::Both);
+}
+
+fn serve_conn(s: &mut TcpStream, peer: SocketAddr, token: [u8; 16], sh: Arc<Shared>) {
     let _ = s.set_nonblocking(false);
     // The whole handshake, not each read, must finish within the deadline,
     // and it is exactly a 4-byte length of 16 plus the token.
-    match read_exact_by(&mut s, 20, Instant::now() + Duration::from_secs(5)) {
+    match read_exact_by(s, 20, Instant::now() + Duration::from_secs(5)) {
         Ok(b) if b[..4] == 16u32.to_le_bytes() && b[4..] == token => {}
         Ok(_) => {
             tracing::warn!("tutti store: dropped a connection from {peer}: wrong auth token");
@@ -178,7 +185,7 @@ fn serve(mut s: TcpStream, peer: SocketAddr, token: [u8; 16], sh: Arc<Shared>) {
     }
     let _ = s.set_read_timeout(None);
     let _ = s.set_nodelay(true);
-    while let Ok(req) = read_frame(&mut s) {
+    while let Ok(req) = read_frame(s) {
         if sh.stop.load(Ordering::SeqCst) {
             return;
         }
@@ -220,7 +227,7 @@ fn serve(mut s: TcpStream, peer: SocketAddr, token: [u8; 16], sh: Arc<Shared>) {
                 return;
             }
         };
-        if write_frame(&mut s, &reply).is_err() {
+        if write_frame(s, &reply).is_err() {
             return;
         }
     }
@@ -366,9 +373,13 @@ impl StoreClient {
         })?))
     }
 
-    /// Tells the server this client has everything it needs from it.
-    pub(crate) fn release(&mut self, deadline: Instant) -> Result<()> {
-        self.add("released", deadline).map(|_| ())
+    /// Tells the server this client has everything it needs from it. No
+    /// reply is awaited: the server may stop as soon as it has counted us.
+    pub(crate) fn release(&mut self, _deadline: Instant) -> Result<()> {
+        let mut r = vec![b'A'];
+        r.extend_from_slice(b"released");
+        let _ = write_frame(&mut self.sock, &r);
+        Ok(())
     }
 
     /// Waits until `n` ranks have called `barrier` with this `name`.

@@ -74,8 +74,12 @@ impl Communicator {
             bootstrap::connect(&mut ex, new_rank, Some(&members), &self.config, self.token, ip, deadline)?
                 .ok_or_else(|| boot("internal: survivor missing from the new group".into()))?
         };
-        match &server {
-            Some(s) => s.linger_for(survivors.len() - 1),
+        // As at start-up, the recovery store lives only for set-up.
+        match server {
+            Some(s) => {
+                s.linger_for(survivors.len() - 1);
+                drop(s);
+            }
             None => client.release(deadline)?,
         }
         let ranks_here = conn.ranks_on_machine;
@@ -88,7 +92,7 @@ impl Communicator {
             size: survivors.len(),
             topo: conn.topo,
             config: self.config.clone(),
-            _store: server,
+            _store: None,
             _client: Some(Mutex::new(client)),
             token: self.token,
             ip: self.ip,

@@ -324,14 +324,17 @@ impl RingLink {
             };
             self.sent_msgs = self.sent_msgs.wrapping_add(1);
             // SAFETY: [h, h+need) is free space owned by the writer (free >=
-            // need), 16-aligned and not wrapping (cap is a multiple of 16 and
-            // every message is padded to 16).
+            // need). Header and descriptor are 16 bytes each and 16-aligned
+            // (cap is a multiple of 16 and every message is padded to 16),
+            // so neither straddles the ring's end; the descriptor may wrap
+            // to the ring's start, hence its own offset.
             unsafe {
                 let at = data.add((h % cap) as usize);
                 std::ptr::copy_nonoverlapping(bytemuck::bytes_of(&hdr).as_ptr(), at, HEADER_BYTES);
                 if direct {
                     let desc = [sys::pid() as u64, m.ptr as u64];
-                    std::ptr::copy_nonoverlapping(desc.as_ptr() as *const u8, at.add(HEADER_BYTES), DESC_BYTES);
+                    let dat = data.add(((h + HEADER_BYTES as u64) % cap) as usize);
+                    std::ptr::copy_nonoverlapping(desc.as_ptr() as *const u8, dat, DESC_BYTES);
                 }
             }
             h += need;

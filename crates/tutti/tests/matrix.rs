@@ -1,0 +1,80 @@
+//! The correctness matrix: transports {local, shm, tcp} x world sizes
+//! {1, 2, 3, 4, 8} x every collective x every element type x every reduction
+//! x counts {0, 1, 7, 1009 (prime, not divisible by any world size)}, roots
+//! and send/recv shifts rotating, plus every root and shift for three types,
+//! plus large counts (1_000_003, a prime, and 6 MiB + 3 elements) for
+//! (f32, sum), (i32, max) and (bf16, sum). One job (one set of processes, or
+//! threads for local) runs the whole sub-matrix of a (transport, size) cell.
+//! The tuner picks algorithms here; `algorithms.rs` forces each one.
+
+mod common;
+
+use common::cases::{Mode, Runner};
+use common::{Ctx, Transport};
+use half::{bf16, f16};
+use tutti::{Communicator, ReduceOp};
+
+/// Small counts: empty, one element, odd, and a prime not divisible by any world size.
+pub const SMALL: [usize; 4] = [0, 1, 7, 1009];
+/// A prime around a million.
+pub const PRIME: usize = 1_000_003;
+/// Several MiB, not a multiple of any world size.
+pub const MIB6: usize = 6 << 20;
+
+fn matrix(comm: &Communicator, ctx: &Ctx) {
+    let mut r = Runner::new(comm, ctx, Mode::Default);
+    let ops = &ReduceOp::ALL;
+    for &c in &SMALL {
+        r.every_collective::<f32>(c, ops);
+        r.every_collective::<f64>(c, ops);
+        r.every_collective::<f16>(c, ops);
+        r.every_collective::<bf16>(c, ops);
+        r.every_collective::<i8>(c, ops);
+        r.every_collective::<u8>(c, ops);
+        r.every_collective::<i32>(c, ops);
+        r.every_collective::<i64>(c, ops);
+        r.every_collective::<u32>(c, ops);
+        r.every_collective::<u64>(c, ops);
+        r.barrier();
+        r.phase(&format!("count {c}"));
+    }
+    r.every_root::<f32>(7);
+    r.every_root::<u8>(1009);
+    r.every_root::<i64>(1);
+    r.barrier();
+    r.phase("small counts");
+    r.large::<f32>(ReduceOp::Sum, PRIME);
+    r.large::<f32>(ReduceOp::Sum, MIB6 / 4 + 3);
+    r.phase("large f32");
+    r.large::<i32>(ReduceOp::Max, PRIME);
+    r.large::<i32>(ReduceOp::Max, MIB6 / 4 + 3);
+    r.phase("large i32");
+    r.large::<bf16>(ReduceOp::Sum, PRIME);
+    r.large::<bf16>(ReduceOp::Sum, MIB6 / 2 + 3);
+    r.barrier();
+    r.finish(&format!(
+        "matrix {} n={}",
+        ctx.transport.name(),
+        comm.size()
+    ));
+}
+
+rank_test!(local_1, Transport::Local, 1, matrix);
+rank_test!(local_2, Transport::Local, 2, matrix);
+rank_test!(local_3, Transport::Local, 3, matrix);
+rank_test!(local_4, Transport::Local, 4, matrix);
+rank_test!(local_8, Transport::Local, 8, matrix);
+rank_test!(shm_1, Transport::Shm, 1, matrix);
+rank_test!(shm_2, Transport::Shm, 2, matrix);
+rank_test!(shm_3, Transport::Shm, 3, matrix);
+rank_test!(shm_4, Transport::Shm, 4, matrix);
+rank_test!(shm_8, Transport::Shm, 8, matrix);
+rank_test!(tcp_1, Transport::Tcp, 1, matrix);
+rank_test!(tcp_2, Transport::Tcp, 2, matrix);
+rank_test!(tcp_3, Transport::Tcp, 3, matrix);
+rank_test!(tcp_4, Transport::Tcp, 4, matrix);
+rank_test!(tcp_8, Transport::Tcp, 8, matrix);
+// Two emulated hosts (distinct TUTTI_HOST_ID): shared memory within a host,
+// TCP between them, in one job.
+rank_test!(hosts_2x2, Transport::Hosts { per_host: 2 }, 4, matrix);
+rank_test!(hosts_2x3, Transport::Hosts { per_host: 3 }, 6, matrix);

@@ -1,0 +1,95 @@
+//! Shared-memory ring edge cases, made deterministic with the smallest ring
+//! (4 KiB) and a small direct-read threshold: messages whose header, direct
+//! descriptor or payload meet the ring's wrap point.
+
+mod common;
+
+use common::{procs, solo, threads_with, Transport};
+use tutti::{Communicator, Config};
+
+/// Rank 0 sends messages of `sizes` bytes to rank 1, in order; rank 1 checks them.
+fn exchange(c: &Communicator, sizes: &[usize]) {
+    for (k, &len) in sizes.iter().enumerate() {
+        let fill = |i: usize| (i * 7 + k * 13) as u8;
+        if c.rank() == 0 {
+            let buf: Vec<u8> = (0..len).map(fill).collect();
+            c.send(&buf, 1).expect("send");
+        } else {
+            let mut buf = vec![0u8; len];
+            c.recv(&mut buf, 0).expect("recv");
+            assert!(
+                buf.iter().enumerate().all(|(i, &v)| v == fill(i)),
+                "message {k} ({len} bytes) arrived wrong"
+            );
+        }
+    }
+}
+
+/// With a 4 KiB ring, one 16-byte header plus 4064 bytes of payload fill the
+/// ring up to 16 bytes before its end; the next message's header lands in
+/// those last 16 bytes. Sizes around that point, below and above the 4 KiB
+/// direct-read threshold.
+fn wrap_sizes() -> Vec<usize> {
+    let mut v = Vec::new();
+    for first in [4064usize, 4048, 4032, 4063, 4049] {
+        for second in [8192usize, 4096, 100, 1, 0] {
+            v.push(first);
+            v.push(second);
+        }
+    }
+    v
+}
+
+fn small_rings() -> Config {
+    Config {
+        ring_bytes: 4096,
+        direct_bytes: 4096,
+        ..Config::default()
+    }
+}
+
+/// Non-direct messages of every size class around the wrap point.
+#[test]
+fn wrap_local_copied_messages() {
+    solo("wrap_local_copied_messages", &[], || {
+        let cfg = Config {
+            direct_bytes: usize::MAX,
+            ..small_rings()
+        };
+        let sizes: Vec<usize> = (0..300).map(|k| (k * 37) % 5000).collect();
+        threads_with(
+            Communicator::init_all_with(2, cfg).expect("init_all_with"),
+            |c, _| exchange(c, &sizes),
+        );
+    });
+}
+
+/// A direct message whose header lands in the ring's last 16 bytes: the
+/// sender writes the 16-byte descriptor past the ring's end (shm.rs, send:
+/// `at.add(HEADER_BYTES)` without wrapping) while the receiver reads it from
+/// the ring's start (`(t + HEADER_BYTES) % cap`), so it dereferences a stale
+/// address. Threads: a crash (or wrong data); processes: `process_vm_readv`
+/// fails and the op fails with PeerLost.
+#[test]
+fn wrap_local_direct_descriptor() {
+    solo("wrap_local_direct_descriptor", &[], || {
+        threads_with(
+            Communicator::init_all_with(2, small_rings()).expect("init_all_with"),
+            |c, _| exchange(c, &wrap_sizes()),
+        );
+    });
+}
+
+#[test]
+fn wrap_shm_direct_descriptor() {
+    procs(
+        "wrap_shm_direct_descriptor",
+        2,
+        Transport::Shm,
+        &[
+            ("TUTTI_SHM_RING_BYTES", "4K"),
+            ("TUTTI_SHM_DIRECT_BYTES", "4K"),
+        ],
+        |c, _| exchange(c, &wrap_sizes()),
+    );
+}
