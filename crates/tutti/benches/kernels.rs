@@ -11,12 +11,32 @@ fn kernels(c: &mut Criterion) {
         let a = vec![1u8; bytes];
         let b = vec![2u8; bytes];
         let mut d = vec![0u8; bytes];
-        for dt in [DataType::F32, DataType::F64, DataType::F16, DataType::Bf16, DataType::I32, DataType::U8] {
+        for dt in [
+            DataType::F32,
+            DataType::F64,
+            DataType::F16,
+            DataType::Bf16,
+            DataType::I32,
+            DataType::U8,
+        ] {
             g.throughput(Throughput::Bytes(bytes as u64));
-            g.bench_with_input(BenchmarkId::new(format!("{dt}_sum"), bytes), &bytes, |bch, _| {
-                // SAFETY: all three buffers hold `bytes` bytes and do not overlap.
-                bch.iter(|| unsafe { reduce(dt, ReduceOp::Sum, d.as_mut_ptr(), a.as_ptr(), b.as_ptr(), bytes) })
-            });
+            g.bench_with_input(
+                BenchmarkId::new(format!("{dt}_sum"), bytes),
+                &bytes,
+                |bch, _| {
+                    // SAFETY: all three buffers hold `bytes` bytes and do not overlap.
+                    bch.iter(|| unsafe {
+                        reduce(
+                            dt,
+                            ReduceOp::Sum,
+                            d.as_mut_ptr(),
+                            a.as_ptr(),
+                            b.as_ptr(),
+                            bytes,
+                        )
+                    })
+                },
+            );
         }
     }
     g.finish();

@@ -12,7 +12,10 @@ use tutti::{Communicator, Error, ReduceOp};
 fn main() -> tutti::Result<()> {
     let mut comm = Communicator::from_env()?;
     let world_rank = comm.rank();
-    let victim: usize = std::env::var("VICTIM").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    let victim: usize = std::env::var("VICTIM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
     // The original ranks still in the job, so each survivor knows what to expect.
     let mut alive: Vec<usize> = (0..comm.size()).collect();
     let mut step = 0;
@@ -25,7 +28,11 @@ fn main() -> tutti::Result<()> {
         match comm.all_reduce(&mut grad, ReduceOp::Sum) {
             Ok(()) => {
                 let want: f64 = alive.iter().map(|&r| (r + 1) as f64).sum();
-                assert!(grad.iter().all(|&g| g == want), "step {step}: got {} want {want}", grad[0]);
+                assert!(
+                    grad.iter().all(|&g| g == want),
+                    "step {step}: got {} want {want}",
+                    grad[0]
+                );
                 step += 1;
             }
             Err(e @ (Error::PeerLost { .. } | Error::Timeout { .. })) => {

@@ -8,8 +8,12 @@ fn main() -> tutti::Result<()> {
     let world = Communicator::from_env()?;
     let host = world.topology().host_of[world.rank()] as u32;
     // The two lines: one group per host, one per local rank.
-    let node = world.split(Some(host), world.rank() as i64)?.expect("member");
-    let cross = world.split(Some(world.local_rank() as u32), world.rank() as i64)?.expect("member");
+    let node = world
+        .split(Some(host), world.rank() as i64)?
+        .expect("member");
+    let cross = world
+        .split(Some(world.local_rank() as u32), world.rank() as i64)?
+        .expect("member");
 
     let mut x = [world.rank() as i64];
     node.all_reduce(&mut x, ReduceOp::Sum)?;
@@ -31,7 +35,12 @@ fn main() -> tutti::Result<()> {
         cross.rank(),
         cross.size(),
         y[0],
-        g.map_or("-".to_string(), |g| format!("{}/{} count {}", g.rank(), g.size(), z[0]))
+        g.map_or("-".to_string(), |g| format!(
+            "{}/{} count {}",
+            g.rank(),
+            g.size(),
+            z[0]
+        ))
     );
     Ok(())
 }

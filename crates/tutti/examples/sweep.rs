@@ -8,8 +8,14 @@ use tutti::{Communicator, ReduceOp};
 fn main() -> tutti::Result<()> {
     let comm = Communicator::from_env()?;
     let n = comm.size();
-    let max: usize = std::env::var("SWEEP_MAX").ok().and_then(|s| tutti::config::parse_bytes(&s)).unwrap_or(256 << 20);
-    let min: usize = std::env::var("SWEEP_MIN").ok().and_then(|s| tutti::config::parse_bytes(&s)).unwrap_or(8);
+    let max: usize = std::env::var("SWEEP_MAX")
+        .ok()
+        .and_then(|s| tutti::config::parse_bytes(&s))
+        .unwrap_or(256 << 20);
+    let min: usize = std::env::var("SWEEP_MIN")
+        .ok()
+        .and_then(|s| tutti::config::parse_bytes(&s))
+        .unwrap_or(8);
     let mut bytes = min;
     while bytes <= max {
         let count = bytes / 4;

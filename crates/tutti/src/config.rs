@@ -83,7 +83,9 @@ fn secs(name: &str, v: &str) -> Result<Duration> {
         .parse()
         .map_err(|_| Error::Config(format!("{name}={v:?} is not a number of seconds")))?;
     if !(s > 0.0 && s.is_finite()) {
-        return Err(Error::Config(format!("{name}={v:?} must be a positive number of seconds")));
+        return Err(Error::Config(format!(
+            "{name}={v:?} must be a positive number of seconds"
+        )));
     }
     Ok(Duration::from_secs_f64(s))
 }
@@ -101,7 +103,8 @@ pub fn parse_bytes(v: &str) -> Option<usize> {
 }
 
 fn bytes(name: &str, v: &str) -> Result<usize> {
-    parse_bytes(v).ok_or_else(|| Error::Config(format!("{name}={v:?} is not a byte size (e.g. 512K, 4M)")))
+    parse_bytes(v)
+        .ok_or_else(|| Error::Config(format!("{name}={v:?} is not a byte size (e.g. 512K, 4M)")))
 }
 
 impl Config {
@@ -126,7 +129,8 @@ impl Config {
             };
         }
         if let Some(v) = var("TUTTI_ALGO") {
-            c.algo = AlgoOverride::parse(&v).map_err(|e| Error::Config(format!("TUTTI_ALGO: {e}")))?;
+            c.algo =
+                AlgoOverride::parse(&v).map_err(|e| Error::Config(format!("TUTTI_ALGO: {e}")))?;
         }
         if let Some(v) = var("TUTTI_SHM_RING_BYTES") {
             let b = bytes("TUTTI_SHM_RING_BYTES", &v)?;
@@ -141,10 +145,11 @@ impl Config {
             c.direct_bytes = bytes("TUTTI_SHM_DIRECT_BYTES", &v)?;
         }
         if let Some(v) = var("TUTTI_SPIN_US") {
-            let us: u64 = v
-                .trim()
-                .parse()
-                .map_err(|_| Error::Config(format!("TUTTI_SPIN_US={v:?} is not a number of microseconds")))?;
+            let us: u64 = v.trim().parse().map_err(|_| {
+                Error::Config(format!(
+                    "TUTTI_SPIN_US={v:?} is not a number of microseconds"
+                ))
+            })?;
             c.spin = Some(Duration::from_micros(us));
         }
         c.socket_ifname = var("TUTTI_SOCKET_IFNAME");
@@ -154,7 +159,11 @@ impl Config {
             c.deterministic = match v.trim() {
                 "1" | "true" | "yes" | "on" => true,
                 "0" | "false" | "no" | "off" => false,
-                _ => return Err(Error::Config(format!("TUTTI_DETERMINISTIC={v:?}: use 1 or 0"))),
+                _ => {
+                    return Err(Error::Config(format!(
+                        "TUTTI_DETERMINISTIC={v:?}: use 1 or 0"
+                    )))
+                }
             };
         }
         Ok(c)

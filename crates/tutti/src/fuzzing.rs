@@ -29,7 +29,12 @@ pub fn tcp_receive(bytes: &[u8], expect_len: usize, reduce: bool) -> Result<()> 
         rank: 0,
         seq: 0,
         coll_seq: 0,
-        tag: crate::transport::make_tag(crate::CollKind::AllReduce, DataType::F32, ReduceOp::Sum, 0),
+        tag: crate::transport::make_tag(
+            crate::CollKind::AllReduce,
+            DataType::F32,
+            ReduceOp::Sum,
+            0,
+        ),
         op_name: "all_reduce",
         dtype: DataType::F32,
         op: ReduceOp::Sum,
@@ -52,7 +57,12 @@ pub fn tcp_receive(bytes: &[u8], expect_len: usize, reduce: bool) -> Result<()> 
 pub fn valid_header(len: usize) -> [u8; 16] {
     let h = crate::transport::Header {
         seq: 0,
-        tag: crate::transport::make_tag(crate::CollKind::AllReduce, DataType::F32, ReduceOp::Sum, 0),
+        tag: crate::transport::make_tag(
+            crate::CollKind::AllReduce,
+            DataType::F32,
+            ReduceOp::Sum,
+            0,
+        ),
         flags: 0,
         len: len as u64,
     };

@@ -1977,7 +1977,10 @@ fn judge(case: &str, transport: &str, seen: &[Seen]) -> Result<(), String> {
     // reported by the next call instead, with no wrong data in between.
     let late_ok = case == "root_broadcast";
     if late_ok {
-        if !seen.iter().any(|s| s.first.starts_with("Mismatch") || s.second.starts_with("Mismatch")) {
+        if !seen
+            .iter()
+            .any(|s| s.first.starts_with("Mismatch") || s.second.starts_with("Mismatch"))
+        {
             why.push("no rank reported Mismatch on the mismatched call or the next".to_string());
         }
     } else if !seen.iter().any(|s| s.first.starts_with("Mismatch")) {

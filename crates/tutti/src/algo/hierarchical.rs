@@ -82,12 +82,23 @@ fn loc(buf: Buf, off: usize) -> Loc {
 /// at index `i`. `blocks[j]` lists the segments of block j. Reads `src`,
 /// writes partial and final sums to `dst`. Afterwards member i holds block
 /// `(i + 1) % k` fully reduced in `dst`.
-fn ring_reduce_scatter(s: &mut Vec<Step>, members: &[usize], i: usize, blocks: &[Vec<Seg>], src: Buf, dst: Buf) {
+fn ring_reduce_scatter(
+    s: &mut Vec<Step>,
+    members: &[usize],
+    i: usize,
+    blocks: &[Vec<Seg>],
+    src: Buf,
+    dst: Buf,
+) {
     let k = members.len();
     if k == 1 {
         if src != dst {
             for &(o, n) in &blocks[0] {
-                s.push(Step::Copy { src: loc(src, o), dst: loc(dst, o), len: n });
+                s.push(Step::Copy {
+                    src: loc(src, o),
+                    dst: loc(dst, o),
+                    len: n,
+                });
             }
         }
         return;
@@ -95,15 +106,30 @@ fn ring_reduce_scatter(s: &mut Vec<Step>, members: &[usize], i: usize, blocks: &
     let right = members[(i + 1) % k];
     let left = members[(i + k - 1) % k];
     for &(o, n) in &blocks[i] {
-        s.push(Step::Send { peer: right, src: loc(src, o), len: n });
+        s.push(Step::Send {
+            peer: right,
+            src: loc(src, o),
+            len: n,
+        });
     }
     for st in 0..k - 1 {
         let j = (i + 2 * k - 1 - st) % k;
         for &(o, n) in &blocks[j] {
             if st + 2 < k {
-                s.push(Step::RecvReduceSend { from: left, to: right, src: loc(src, o), dst: loc(dst, o), len: n });
+                s.push(Step::RecvReduceSend {
+                    from: left,
+                    to: right,
+                    src: loc(src, o),
+                    dst: loc(dst, o),
+                    len: n,
+                });
             } else {
-                s.push(Step::RecvReduce { peer: left, src: loc(src, o), dst: loc(dst, o), len: n });
+                s.push(Step::RecvReduce {
+                    peer: left,
+                    src: loc(src, o),
+                    dst: loc(dst, o),
+                    len: n,
+                });
             }
         }
     }
@@ -111,7 +137,14 @@ fn ring_reduce_scatter(s: &mut Vec<Step>, members: &[usize], i: usize, blocks: &
 
 /// Ring all-gather among `members`: member i starts with block `(i + 1) % k`
 /// (or `i` if `shift` is 0) in `buf` and ends with all of them.
-fn ring_all_gather(s: &mut Vec<Step>, members: &[usize], i: usize, blocks: &[Vec<Seg>], buf: Buf, shift: usize) {
+fn ring_all_gather(
+    s: &mut Vec<Step>,
+    members: &[usize],
+    i: usize,
+    blocks: &[Vec<Seg>],
+    buf: Buf,
+    shift: usize,
+) {
     let k = members.len();
     if k == 1 {
         return;
@@ -119,15 +152,28 @@ fn ring_all_gather(s: &mut Vec<Step>, members: &[usize], i: usize, blocks: &[Vec
     let right = members[(i + 1) % k];
     let left = members[(i + k - 1) % k];
     for &(o, n) in &blocks[(i + shift) % k] {
-        s.push(Step::Send { peer: right, src: loc(buf, o), len: n });
+        s.push(Step::Send {
+            peer: right,
+            src: loc(buf, o),
+            len: n,
+        });
     }
     for t in 0..k - 1 {
         let j = (i + shift + 2 * k - 1 - t) % k;
         for &(o, n) in &blocks[j] {
             if t + 2 < k {
-                s.push(Step::RecvCopySend { from: left, to: right, dst: loc(buf, o), len: n });
+                s.push(Step::RecvCopySend {
+                    from: left,
+                    to: right,
+                    dst: loc(buf, o),
+                    len: n,
+                });
             } else {
-                s.push(Step::Recv { peer: left, dst: loc(buf, o), len: n });
+                s.push(Step::Recv {
+                    peer: left,
+                    dst: loc(buf, o),
+                    len: n,
+                });
             }
         }
     }
@@ -140,11 +186,24 @@ fn chain_broadcast(s: &mut Vec<Step>, members: &[usize], i: usize, at: Loc, len:
         return;
     }
     if i == 0 {
-        s.push(Step::Send { peer: members[1], src: at, len });
+        s.push(Step::Send {
+            peer: members[1],
+            src: at,
+            len,
+        });
     } else if i + 1 < k {
-        s.push(Step::RecvCopySend { from: members[i - 1], to: members[i + 1], dst: at, len });
+        s.push(Step::RecvCopySend {
+            from: members[i - 1],
+            to: members[i + 1],
+            dst: at,
+            len,
+        });
     } else {
-        s.push(Step::Recv { peer: members[i - 1], dst: at, len });
+        s.push(Step::Recv {
+            peer: members[i - 1],
+            dst: at,
+            len,
+        });
     }
 }
 
@@ -159,11 +218,26 @@ fn chain_reduce(s: &mut Vec<Step>, members: &[usize], i: usize, src: Loc, dst: L
         return;
     }
     if i == 0 {
-        s.push(Step::Send { peer: members[1], src, len });
+        s.push(Step::Send {
+            peer: members[1],
+            src,
+            len,
+        });
     } else if i + 1 < k {
-        s.push(Step::RecvReduceSend { from: members[i - 1], to: members[i + 1], src, dst, len });
+        s.push(Step::RecvReduceSend {
+            from: members[i - 1],
+            to: members[i + 1],
+            src,
+            dst,
+            len,
+        });
     } else {
-        s.push(Step::RecvReduce { peer: members[i - 1], src, dst, len });
+        s.push(Step::RecvReduce {
+            peer: members[i - 1],
+            src,
+            dst,
+            len,
+        });
     }
 }
 
@@ -190,17 +264,21 @@ pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
     let mut s = Vec::new();
     match p.coll {
         Collective::AllReduce => {
-            let rb: Vec<Vec<Seg>> = (0..g.l).map(|j| {
-                let b = block(c, g.l, j);
-                vec![(b.start, b.len())]
-            }).collect();
+            let rb: Vec<Vec<Seg>> = (0..g.l)
+                .map(|j| {
+                    let b = block(c, g.l, j);
+                    vec![(b.start, b.len())]
+                })
+                .collect();
             ring_reduce_scatter(&mut s, &row, my_l, &rb, Buf::Input, Buf::Output);
             // This rank owns row block (my_l + 1) % L: all-reduce it down the column.
             let own = block(c, g.l, (my_l + 1) % g.l);
-            let cb: Vec<Vec<Seg>> = (0..g.h).map(|j| {
-                let b = block(own.len(), g.h, j);
-                vec![(own.start + b.start, b.len())]
-            }).collect();
+            let cb: Vec<Vec<Seg>> = (0..g.h)
+                .map(|j| {
+                    let b = block(own.len(), g.h, j);
+                    vec![(own.start + b.start, b.len())]
+                })
+                .collect();
             ring_reduce_scatter(&mut s, &col, my_h, &cb, Buf::Output, Buf::Output);
             ring_all_gather(&mut s, &col, my_h, &cb, Buf::Output, 1);
             ring_all_gather(&mut s, &row, my_l, &rb, Buf::Output, 1);
@@ -210,12 +288,16 @@ pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
             let cb: Vec<Vec<Seg>> = col.iter().map(|&r| vec![(r * c, c)]).collect();
             ring_all_gather(&mut s, &col, my_h, &cb, Buf::Output, 0);
             // Row phase: unit j = the whole column of local rank j.
-            let rb: Vec<Vec<Seg>> = (0..g.l).map(|j| g.column(j).iter().map(|&r| (r * c, c)).collect()).collect();
+            let rb: Vec<Vec<Seg>> = (0..g.l)
+                .map(|j| g.column(j).iter().map(|&r| (r * c, c)).collect())
+                .collect();
             ring_all_gather(&mut s, &row, my_l, &rb, Buf::Output, 0);
         }
         Collective::ReduceScatter => {
             // Row phase in scratch laid out like Input: unit j = column j's H blocks.
-            let rb: Vec<Vec<Seg>> = (0..g.l).map(|j| g.column(j).iter().map(|&r| (r * c, c)).collect()).collect();
+            let rb: Vec<Vec<Seg>> = (0..g.l)
+                .map(|j| g.column(j).iter().map(|&r| (r * c, c)).collect())
+                .collect();
             // Shift the row ring so that member i ends with its own column (unit i).
             let k = g.l;
             let shifted: Vec<Vec<Seg>> = (0..k).map(|j| rb[(j + k - 1) % k].clone()).collect();
@@ -223,12 +305,21 @@ pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
             // Column phase over this column's H blocks, now in scratch: shift so
             // that member i ends with block i (its own rank's block).
             let h = g.h;
-            let cb: Vec<Vec<Seg>> = (0..h).map(|j| vec![(col[(j + h - 1) % h] * c, c)]).collect();
+            let cb: Vec<Vec<Seg>> = (0..h)
+                .map(|j| vec![(col[(j + h - 1) % h] * c, c)])
+                .collect();
             ring_reduce_scatter(&mut s, &col, my_h, &cb, Buf::Scratch, Buf::Scratch);
-            s.push(Step::Copy { src: loc(Buf::Scratch, p.rank * c), dst: loc(Buf::Output, 0), len: c });
+            s.push(Step::Copy {
+                src: loc(Buf::Scratch, p.rank * c),
+                dst: loc(Buf::Output, 0),
+                len: c,
+            });
         }
         Collective::Broadcast { root } => {
-            let (rh, rl) = (host_of[root], g.rows[host_of[root]].iter().position(|&r| r == root)?);
+            let (rh, rl) = (
+                host_of[root],
+                g.rows[host_of[root]].iter().position(|&r| r == root)?,
+            );
             if my_l == rl {
                 let (chain, i) = rotated(&g.column(rl), g.rows[rh][rl], p.rank);
                 chain_broadcast(&mut s, &chain, i, loc(Buf::Output, 0), c);
@@ -237,14 +328,32 @@ pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
             chain_broadcast(&mut s, &chain, i, loc(Buf::Output, 0), c);
         }
         Collective::Reduce { root } => {
-            let (rh, rl) = (host_of[root], g.rows[host_of[root]].iter().position(|&r| r == root)?);
+            let (rh, rl) = (
+                host_of[root],
+                g.rows[host_of[root]].iter().position(|&r| r == root)?,
+            );
             // Row chain ending at the rank in the root's column.
             let (mut chain, _) = rotated(&row, g.rows[my_h][rl], p.rank);
             chain.rotate_left(1);
             let i = chain.iter().position(|&x| x == p.rank)?;
             let head = g.rows[my_h][rl];
-            let acc = if p.rank == root { loc(Buf::Output, 0) } else { loc(Buf::Scratch, 0) };
-            chain_reduce(&mut s, &chain, i, loc(Buf::Input, 0), if p.rank == head { acc } else { loc(Buf::Scratch, 0) }, c);
+            let acc = if p.rank == root {
+                loc(Buf::Output, 0)
+            } else {
+                loc(Buf::Scratch, 0)
+            };
+            chain_reduce(
+                &mut s,
+                &chain,
+                i,
+                loc(Buf::Input, 0),
+                if p.rank == head {
+                    acc
+                } else {
+                    loc(Buf::Scratch, 0)
+                },
+                c,
+            );
             if my_l == rl {
                 // Column chain ending at the root.
                 let (mut cchain, _) = rotated(&g.column(rl), g.rows[rh][rl], p.rank);

@@ -26,13 +26,13 @@
 //! so a ring step is one pass over memory and a chain pipelines on its own.
 
 mod direct;
-mod hierarchical;
-mod two_shot;
 mod double_tree;
 mod halving_doubling;
+mod hierarchical;
 mod pairwise;
 mod ring;
 mod tree;
+mod two_shot;
 pub mod verify;
 
 use crate::error::{Error, Result};
@@ -63,15 +63,24 @@ pub struct Loc {
 impl Loc {
     /// `Input[off..]`.
     pub const fn input(off: usize) -> Self {
-        Loc { buf: Buf::Input, off }
+        Loc {
+            buf: Buf::Input,
+            off,
+        }
     }
     /// `Output[off..]`.
     pub const fn output(off: usize) -> Self {
-        Loc { buf: Buf::Output, off }
+        Loc {
+            buf: Buf::Output,
+            off,
+        }
     }
     /// `Scratch[off..]`.
     pub const fn scratch(off: usize) -> Self {
-        Loc { buf: Buf::Scratch, off }
+        Loc {
+            buf: Buf::Scratch,
+            off,
+        }
     }
 }
 

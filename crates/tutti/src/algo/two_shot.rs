@@ -28,25 +28,49 @@ pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
             let mine = blk(r);
             for q in (1..n).map(|k| (r + k) % n) {
                 let b = blk(q);
-                s.push(Step::Send { peer: q, src: Loc::input(b.start), len: b.len() });
+                s.push(Step::Send {
+                    peer: q,
+                    src: Loc::input(b.start),
+                    len: b.len(),
+                });
             }
             // In place, the accumulator must not overwrite our own input
             // before its turn in the rank order: accumulate aside.
-            let acc = if p.in_place { Loc::scratch(0) } else { Loc::output(mine.start) };
+            let acc = if p.in_place {
+                Loc::scratch(0)
+            } else {
+                Loc::output(mine.start)
+            };
             reduce_block_in_rank_order(&mut s, n, r, Loc::input(mine.start), acc, mine.len());
             if p.in_place {
-                s.push(Step::Copy { src: acc, dst: Loc::output(mine.start), len: mine.len() });
+                s.push(Step::Copy {
+                    src: acc,
+                    dst: Loc::output(mine.start),
+                    len: mine.len(),
+                });
             }
             for q in (1..n).map(|k| (r + k) % n) {
-                s.push(Step::Send { peer: q, src: Loc::output(mine.start), len: mine.len() });
+                s.push(Step::Send {
+                    peer: q,
+                    src: Loc::output(mine.start),
+                    len: mine.len(),
+                });
                 let from = (r + n - (q + n - r) % n) % n;
                 let b = blk(from);
-                s.push(Step::Recv { peer: from, dst: Loc::output(b.start), len: b.len() });
+                s.push(Step::Recv {
+                    peer: from,
+                    dst: Loc::output(b.start),
+                    len: b.len(),
+                });
             }
         }
         Collective::ReduceScatter => {
             for q in (1..n).map(|k| (r + k) % n) {
-                s.push(Step::Send { peer: q, src: Loc::input(q * c), len: c });
+                s.push(Step::Send {
+                    peer: q,
+                    src: Loc::input(q * c),
+                    len: c,
+                });
             }
             reduce_block_in_rank_order(&mut s, n, r, Loc::input(r * c), Loc::output(0), c);
         }
@@ -57,17 +81,41 @@ pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
 
 /// `acc = x_0 (op) x_1 (op) ... (op) x_{n-1}` for one block, this rank's
 /// own piece taken from `own`, the others received.
-fn reduce_block_in_rank_order(s: &mut Vec<Step>, n: usize, r: usize, own: Loc, acc: Loc, len: usize) {
+fn reduce_block_in_rank_order(
+    s: &mut Vec<Step>,
+    n: usize,
+    r: usize,
+    own: Loc,
+    acc: Loc,
+    len: usize,
+) {
     if r == 0 {
-        s.push(Step::Copy { src: own, dst: acc, len });
+        s.push(Step::Copy {
+            src: own,
+            dst: acc,
+            len,
+        });
     } else {
-        s.push(Step::Recv { peer: 0, dst: acc, len });
+        s.push(Step::Recv {
+            peer: 0,
+            dst: acc,
+            len,
+        });
     }
     for q in 1..n {
         if q == r {
-            s.push(Step::Reduce { src: own, dst: acc, len });
+            s.push(Step::Reduce {
+                src: own,
+                dst: acc,
+                len,
+            });
         } else {
-            s.push(Step::RecvReduce { peer: q, src: acc, dst: acc, len });
+            s.push(Step::RecvReduce {
+                peer: q,
+                src: acc,
+                dst: acc,
+                len,
+            });
         }
     }
 }

@@ -107,7 +107,13 @@ impl RankState {
         }
     }
 
-    fn read(&mut self, rank: usize, i: usize, l: Loc, len: usize) -> Result<Vec<Cell>, VerifyError> {
+    fn read(
+        &mut self,
+        rank: usize,
+        i: usize,
+        l: Loc,
+        len: usize,
+    ) -> Result<Vec<Cell>, VerifyError> {
         let m = self.mem(l.buf);
         if l.off + len > m.len() {
             return Err(VerifyError(format!(
@@ -246,8 +252,17 @@ fn initial(p: &Problem) -> (Mem, Mem) {
 fn expected(ps: &[Problem], r: usize) -> Vec<Option<Sym>> {
     let p = &ps[r];
     let (n, c) = (p.nranks, p.count);
-    let all = if n == 128 { u128::MAX } else { (1u128 << n) - 1 };
-    let one = |idx, q: usize| Some(Sym { idx, ranks: 1u128 << q });
+    let all = if n == 128 {
+        u128::MAX
+    } else {
+        (1u128 << n) - 1
+    };
+    let one = |idx, q: usize| {
+        Some(Sym {
+            idx,
+            ranks: 1u128 << q,
+        })
+    };
     let full = |idx| Some(Sym { idx, ranks: all });
     match p.coll {
         Collective::AllReduce => (0..c).map(full).collect(),
@@ -255,7 +270,9 @@ fn expected(ps: &[Problem], r: usize) -> Vec<Option<Sym>> {
         Collective::Reduce { root } if r == root => (0..c).map(full).collect(),
         Collective::AllGather => (0..n * c).map(|j| one(j % c, j / c.max(1))).collect(),
         Collective::ReduceScatter => (0..c).map(|i| full(r * c + i)).collect(),
-        Collective::AllToAll => (0..n * c).map(|j| one(r * c + j % c, j / c.max(1))).collect(),
+        Collective::AllToAll => (0..n * c)
+            .map(|j| one(r * c + j % c, j / c.max(1)))
+            .collect(),
         Collective::AllToAllV => {
             let v = p.vcounts.as_ref().unwrap();
             let mut out = vec![None; buffer_sizes(p).1];
@@ -364,8 +381,12 @@ pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, Verify
         // receive half at the head of q's queue from r.
         for r in 0..n {
             for q in 0..n {
-                let Some(&si) = st[r].sendq[q].front() else { continue };
-                let Some(&ri) = st[q].recvq[r].front() else { continue };
+                let Some(&si) = st[r].sendq[q].front() else {
+                    continue;
+                };
+                let Some(&ri) = st[q].recvq[r].front() else {
+                    continue;
+                };
                 let sstep = st[r].sched.steps[si];
                 let send_ready = st[r].ready(si)
                     && match sstep {
@@ -421,18 +442,17 @@ pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, Verify
     }
     for (r, s) in st.iter().enumerate() {
         if let Some(i) = s.done.iter().position(|d| !d) {
-            let waiting: Vec<String> = s
-                .sendq
-                .iter()
-                .enumerate()
-                .filter_map(|(q, d)| d.front().map(|i| format!("send step {i} to {q}")))
-                .chain(
-                    s.recvq
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(q, d)| d.front().map(|i| format!("recv step {i} from {q}"))),
-                )
-                .collect();
+            let waiting: Vec<String> =
+                s.sendq
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(q, d)| d.front().map(|i| format!("send step {i} to {q}")))
+                    .chain(
+                        s.recvq.iter().enumerate().filter_map(|(q, d)| {
+                            d.front().map(|i| format!("recv step {i} from {q}"))
+                        }),
+                    )
+                    .collect();
             return Err(VerifyError(format!(
                 "deadlock or unmatched message: rank {r} never finishes step {i} ({:?}); pending: {}",
                 s.sched.steps[i],
@@ -454,7 +474,9 @@ pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, Verify
     if problems.first().map(|p| p.coll) == Some(Collective::AllReduce) {
         for (r, s) in st.iter().enumerate().skip(1) {
             let shape = |m: &Mem, k: usize| m[k].map(|c| c.shape);
-            if let Some(k) = (0..s.output.len()).find(|&k| shape(&s.output, k) != shape(&st[0].output, k)) {
+            if let Some(k) =
+                (0..s.output.len()).find(|&k| shape(&s.output, k) != shape(&st[0].output, k))
+            {
                 return Err(VerifyError(format!(
                     "ranks 0 and {r} reduced Output[{k}] in different orders: \
                      their results would not be bitwise identical"

@@ -71,12 +71,18 @@ impl UniqueId {
     /// calls this must also be the one that runs rank 0.
     pub fn new() -> Result<UniqueId> {
         let ip = match std::env::var("TUTTI_SOCKET_IFNAME") {
-            Ok(spec) if !spec.is_empty() => crate::topo::iface::pick(&spec)?
-                .ok_or_else(|| Error::Config(format!("TUTTI_SOCKET_IFNAME={spec:?} matches no interface with an IPv4 address")))?,
+            Ok(spec) if !spec.is_empty() => crate::topo::iface::pick(&spec)?.ok_or_else(|| {
+                Error::Config(format!(
+                    "TUTTI_SOCKET_IFNAME={spec:?} matches no interface with an IPv4 address"
+                ))
+            })?,
             _ => IpAddr::V4(Ipv4Addr::LOCALHOST),
         };
-        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::io("binding the root listener", e))?;
-        let addr = l.local_addr().map_err(|e| Error::io("root listener address", e))?;
+        let l =
+            TcpListener::bind((ip, 0)).map_err(|e| Error::io("binding the root listener", e))?;
+        let addr = l
+            .local_addr()
+            .map_err(|e| Error::io("root listener address", e))?;
         pending_listeners()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -97,7 +103,11 @@ impl fmt::Display for UniqueId {
 impl FromStr for UniqueId {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || Error::arg(format!("{s:?} is not a tutti unique id (expected tutti1:ADDR:PORT:TOKEN)"));
+        let bad = || {
+            Error::arg(format!(
+                "{s:?} is not a tutti unique id (expected tutti1:ADDR:PORT:TOKEN)"
+            ))
+        };
         let rest = s.trim().strip_prefix("tutti1:").ok_or_else(bad)?;
         let (addr, tok) = rest.rsplit_once(':').ok_or_else(bad)?;
         let addr: SocketAddr = addr.parse().map_err(|_| bad())?;
@@ -162,21 +172,35 @@ impl EnvInfo {
                 .iter()
                 .find_map(|v| num::<usize>(v).transpose())
                 .transpose()?
-                .ok_or_else(|| Error::Config("TUTTI_RANK_TABLE is set but no rank is: set TUTTI_RANK".into()))?;
+                .ok_or_else(|| {
+                    Error::Config("TUTTI_RANK_TABLE is set but no rank is: set TUTTI_RANK".into())
+                })?;
             return table.env_info(rank);
         }
         let sources: [(&str, &str, &str, &str); 4] = [
-            ("tutti", "TUTTI_RANK", "TUTTI_WORLD_SIZE", "TUTTI_LOCAL_RANK"),
+            (
+                "tutti",
+                "TUTTI_RANK",
+                "TUTTI_WORLD_SIZE",
+                "TUTTI_LOCAL_RANK",
+            ),
             ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
             ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
-            ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+            (
+                "openmpi",
+                "OMPI_COMM_WORLD_RANK",
+                "OMPI_COMM_WORLD_SIZE",
+                "OMPI_COMM_WORLD_LOCAL_RANK",
+            ),
         ];
         for (source, rk, sz, lr) in sources {
             let (Some(rank), Some(world_size)) = (num::<usize>(rk)?, num::<usize>(sz)?) else {
                 continue;
             };
             if world_size == 0 {
-                return Err(Error::Config(format!("{sz}=0: the world needs at least one rank")));
+                return Err(Error::Config(format!(
+                    "{sz}=0: the world needs at least one rank"
+                )));
             }
             if rank >= world_size {
                 return Err(Error::Config(format!(
@@ -223,9 +247,19 @@ impl EnvInfo {
     pub(crate) fn unique_id(&self) -> Result<UniqueId> {
         let addr = (self.master_addr.as_str(), self.master_port)
             .to_socket_addrs()
-            .map_err(|e| Error::Config(format!("cannot resolve master address {:?}: {e}", self.master_addr)))?
+            .map_err(|e| {
+                Error::Config(format!(
+                    "cannot resolve master address {:?}: {e}",
+                    self.master_addr
+                ))
+            })?
             .find(|a| a.is_ipv4())
-            .ok_or_else(|| Error::Config(format!("master address {:?} has no IPv4 address", self.master_addr)))?;
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "master address {:?} has no IPv4 address",
+                    self.master_addr
+                ))
+            })?;
         let token = self.token.unwrap_or_else(|| {
             let mut t = [0u8; 16];
             let s = format!("tutti:{}:{}", self.master_addr, self.master_port);
@@ -261,7 +295,8 @@ impl Exchange for StoreExchange<'_> {
     fn allgather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let k = self.round;
         self.round += 1;
-        self.client.put(&format!("x{k}/{}", self.rank), mine, self.deadline)?;
+        self.client
+            .put(&format!("x{k}/{}", self.rank), mine, self.deadline)?;
         (0..self.n)
             .map(|r| self.client.get(&format!("x{k}/{r}"), self.deadline))
             .collect()
@@ -310,9 +345,16 @@ struct RankInfo {
 }
 
 /// Joins the job described by `id` as `rank` of `nranks`.
-pub(crate) fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, cfg: &Config) -> Result<Joined> {
+pub(crate) fn rendezvous(
+    id: &UniqueId,
+    nranks: usize,
+    rank: usize,
+    cfg: &Config,
+) -> Result<Joined> {
     if nranks == 0 || rank >= nranks {
-        return Err(Error::arg(format!("rank {rank} is not below the number of ranks {nranks}")));
+        return Err(Error::arg(format!(
+            "rank {rank} is not below the number of ranks {nranks}"
+        )));
     }
     let deadline = Instant::now() + cfg.connect_timeout;
     let boot = |msg: String| Error::Bootstrap { rank, msg };
@@ -336,12 +378,17 @@ pub(crate) fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, cfg: &Config
         None
     };
     let target = match &server {
-        Some(s) if id.addr.ip().is_unspecified() => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), s.addr().port()),
+        Some(s) if id.addr.ip().is_unspecified() => {
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), s.addr().port())
+        }
         _ => id.addr,
     };
     let mut client = StoreClient::connect(target, id.token, rank, deadline)?;
     // Our peer listener goes on an address that reaches the master (or the chosen interface).
-    let my_ip = client.local_addr().map(|a| a.ip()).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let my_ip = client
+        .local_addr()
+        .map(|a| a.ip())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     let members: Vec<usize> = (0..nranks).collect();
     let conn = {
         let mut ex = StoreExchange {
@@ -351,8 +398,16 @@ pub(crate) fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, cfg: &Config
             round: 0,
             deadline,
         };
-        connect(&mut ex, rank, Some(&members), cfg, id.token, my_ip, deadline)?
-            .ok_or_else(|| boot("internal: rank missing from its own group".into()))?
+        connect(
+            &mut ex,
+            rank,
+            Some(&members),
+            cfg,
+            id.token,
+            my_ip,
+            deadline,
+        )?
+        .ok_or_else(|| boot("internal: rank missing from its own group".into()))?
     };
     // The store is only for set-up: once every rank has its last reply it
     // stops, freeing the port for the next communicator (recovery uses the
@@ -376,7 +431,9 @@ pub(crate) fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, cfg: &Config
 fn listen_ip(cfg: &Config, default: IpAddr) -> Result<IpAddr> {
     match &cfg.socket_ifname {
         Some(spec) => topo::iface::pick(spec)?.ok_or_else(|| {
-            Error::Config(format!("TUTTI_SOCKET_IFNAME={spec:?} matches no interface with an IPv4 address"))
+            Error::Config(format!(
+                "TUTTI_SOCKET_IFNAME={spec:?} matches no interface with an IPv4 address"
+            ))
         }),
         None => Ok(default),
     }
@@ -402,7 +459,10 @@ pub(crate) fn connect(
     let listener = match my_rank {
         Some(_) => {
             let ip = listen_ip(cfg, default_ip)?;
-            Some(TcpListener::bind((ip, 0)).map_err(|e| boot(format!("cannot listen for peers on {ip}: {e}")))?)
+            Some(
+                TcpListener::bind((ip, 0))
+                    .map_err(|e| boot(format!("cannot listen for peers on {ip}: {e}")))?,
+            )
         }
         None => None,
     };
@@ -427,7 +487,8 @@ pub(crate) fn connect(
     };
     let mut infos = Vec::with_capacity(nranks);
     for (r, &x) in members.iter().enumerate() {
-        let i: RankInfo = serde_json::from_slice(&all[x]).map_err(|e| boot(format!("malformed info from rank {r}: {e}")))?;
+        let i: RankInfo = serde_json::from_slice(&all[x])
+            .map_err(|e| boot(format!("malformed info from rank {r}: {e}")))?;
         if i.nranks != nranks {
             return Err(boot(format!(
                 "rank {r} was started with world size {}, this rank with {nranks}; all ranks must agree",
@@ -439,15 +500,21 @@ pub(crate) fn connect(
     let mut ids: Vec<String> = infos.iter().map(|i| i.host.clone()).collect();
     if let Some(path) = &cfg.topo_file {
         // A saved topology decides which ranks share a host.
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("TUTTI_TOPO_FILE={path:?}: {e}")))?;
-        let t: Topology = serde_json::from_str(&text).map_err(|e| Error::Config(format!("TUTTI_TOPO_FILE={path:?}: {e}")))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("TUTTI_TOPO_FILE={path:?}: {e}")))?;
+        let t: Topology = serde_json::from_str(&text)
+            .map_err(|e| Error::Config(format!("TUTTI_TOPO_FILE={path:?}: {e}")))?;
         if t.host_of.len() != nranks {
             return Err(Error::Config(format!(
                 "TUTTI_TOPO_FILE={path:?} describes {} ranks, this job has {nranks}",
                 t.host_of.len()
             )));
         }
-        ids = t.host_of.iter().map(|h| format!("topo-file-host-{h}")).collect();
+        ids = t
+            .host_of
+            .iter()
+            .map(|h| format!("topo-file-host-{h}"))
+            .collect();
     }
     let mut topo = Topology::from_host_ids(&ids);
     let my_host = topo.host_of[rank];
@@ -462,7 +529,13 @@ pub(crate) fn connect(
     let local_me = topo.local_rank[rank];
     let mut created = None;
     let name_out = if shm && local_me == 0 {
-        let name = format!("/tutti-{}-{}-{}-{}", hex(&token[..4]), sys::pid(), me, unique_suffix());
+        let name = format!(
+            "/tutti-{}-{}-{}-{}",
+            hex(&token[..4]),
+            sys::pid(),
+            me,
+            unique_suffix()
+        );
         let (seg, path) = create_segment(&name, layout).map_err(|e| boot(e.to_string()))?;
         created = Some((seg, Unlink(path)));
         name.into_bytes()
@@ -480,7 +553,8 @@ pub(crate) fn connect(
             }
             None => {
                 let leader = members[locals[0]];
-                let name = String::from_utf8(names[leader].clone()).map_err(|_| boot("bad segment name".into()))?;
+                let name = String::from_utf8(names[leader].clone())
+                    .map_err(|_| boot("bad segment name".into()))?;
                 let seg = open_segment(&name, layout).map_err(|e| boot(e.to_string()))?;
                 ex.barrier()?;
                 seg
@@ -488,7 +562,10 @@ pub(crate) fn connect(
         };
         for (li, &q) in locals.iter().enumerate() {
             if q != rank {
-                links[q] = Some(Link::Ring(RingLink::new(seg.clone(), local_me, li, DirectRead::Cma), TransportKind::Shm));
+                links[q] = Some(Link::Ring(
+                    RingLink::new(seg.clone(), local_me, li, DirectRead::Cma),
+                    TransportKind::Shm,
+                ));
                 peer_pids[q] = Some(infos[q].pid);
             }
         }
@@ -500,8 +577,12 @@ pub(crate) fn connect(
 
     // TCP to everybody else: dial lower ranks, accept higher ones.
     for q in (0..rank).filter(|&q| !use_shm(q)) {
-        let s = dial(infos[q].addr, token, rank, deadline)
-            .map_err(|e| boot(format!("cannot connect to rank {q} at {}: {e}", infos[q].addr)))?;
+        let s = dial(infos[q].addr, token, rank, deadline).map_err(|e| {
+            boot(format!(
+                "cannot connect to rank {q} at {}: {e}",
+                infos[q].addr
+            ))
+        })?;
         links[q] = Some(Link::Tcp(TcpLink::new(s, q)?));
     }
     let expect: Vec<usize> = (rank + 1..nranks).filter(|&q| !use_shm(q)).collect();
@@ -519,7 +600,10 @@ pub(crate) fn connect(
         segment,
         rescue: listener,
         peer_addrs: infos.iter().map(|i| i.addr).collect(),
-        ranks_on_machine: infos.iter().filter(|i| i.machine == infos[rank].machine).count(),
+        ranks_on_machine: infos
+            .iter()
+            .filter(|i| i.machine == infos[rank].machine)
+            .count(),
     }))
 }
 
@@ -541,7 +625,11 @@ fn bind_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpListene
     loop {
         match TcpListener::bind(addr) {
             Ok(l) => return Ok(l),
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() + Duration::from_millis(50) < deadline.min(Instant::now() + Duration::from_secs(5)) => {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && Instant::now() + Duration::from_millis(50)
+                        < deadline.min(Instant::now() + Duration::from_secs(5)) =>
+            {
                 std::thread::sleep(Duration::from_millis(50))
             }
             Err(e) => return Err(e),
@@ -549,10 +637,19 @@ fn bind_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpListene
     }
 }
 
-fn dial(addr: SocketAddr, token: [u8; 16], rank: usize, deadline: Instant) -> std::io::Result<TcpStream> {
+fn dial(
+    addr: SocketAddr,
+    token: [u8; 16],
+    rank: usize,
+    deadline: Instant,
+) -> std::io::Result<TcpStream> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(10)).min(Duration::from_secs(2))) {
+        match TcpStream::connect_timeout(
+            &addr,
+            left.max(Duration::from_millis(10))
+                .min(Duration::from_secs(2)),
+        ) {
             Ok(mut s) => {
                 let mut hello = token.to_vec();
                 hello.extend_from_slice(&(rank as u64).to_le_bytes());
@@ -599,7 +696,13 @@ fn accept_peers(
             Ok((sock, from)) => {
                 busy = true;
                 if sock.set_nonblocking(true).is_ok() && pending.len() < 1024 {
-                    pending.push(Pending { sock, from, since: Instant::now(), hello: [0; 24], got: 0 });
+                    pending.push(Pending {
+                        sock,
+                        from,
+                        since: Instant::now(),
+                        hello: [0; 24],
+                        got: 0,
+                    });
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -622,16 +725,24 @@ fn accept_peers(
             if drop_it.is_none() && p.got == 24 {
                 let p = pending.swap_remove(i);
                 if p.hello[..16] != token {
-                    tracing::warn!("tutti: dropped a connection from {}: wrong auth token", p.from);
+                    tracing::warn!(
+                        "tutti: dropped a connection from {}: wrong auth token",
+                        p.from
+                    );
                     continue;
                 }
                 let q = u64::from_le_bytes(p.hello[16..].try_into().expect("8 bytes")) as usize;
                 match missing.iter().position(|&m| m == q) {
                     Some(pos) => {
                         missing.remove(pos);
-                        links[q] = Some(Link::Tcp(TcpLink::new(p.sock, q).map_err(|e| e.to_string())?));
+                        links[q] = Some(Link::Tcp(
+                            TcpLink::new(p.sock, q).map_err(|e| e.to_string())?,
+                        ));
                     }
-                    None => tracing::warn!("tutti: dropped a connection from {} claiming unexpected rank {q}", p.from),
+                    None => tracing::warn!(
+                        "tutti: dropped a connection from {} claiming unexpected rank {q}",
+                        p.from
+                    ),
                 }
                 continue;
             }
@@ -639,7 +750,10 @@ fn accept_peers(
                 drop_it = Some("hello too slow".into());
             }
             if let Some(why) = drop_it {
-                tracing::warn!("tutti: dropped a connection from {}: {why}", pending[i].from);
+                tracing::warn!(
+                    "tutti: dropped a connection from {}: {why}",
+                    pending[i].from
+                );
                 pending.swap_remove(i);
                 continue;
             }
@@ -667,8 +781,15 @@ fn create_segment(name: &str, layout: Layout) -> Result<(Arc<Segment>, String)> 
         .mode(0o600)
         .open(&path)
         .map_err(|e| Error::io(format!("creating {path}"), e))?;
-    f.set_len(layout.total as u64)
-        .map_err(|e| Error::io(format!("sizing {path} to {} bytes (is /dev/shm big enough?)", layout.total), e))?;
+    f.set_len(layout.total as u64).map_err(|e| {
+        Error::io(
+            format!(
+                "sizing {path} to {} bytes (is /dev/shm big enough?)",
+                layout.total
+            ),
+            e,
+        )
+    })?;
     let seg = Segment::map(f.as_raw_fd(), layout, true);
     if seg.is_err() {
         let _ = std::fs::remove_file(&path);

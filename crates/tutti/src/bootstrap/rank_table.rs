@@ -51,9 +51,13 @@ pub struct RankTable {
 impl RankTable {
     /// Parses and checks a table: ranks 0..n each exactly once.
     pub fn parse(text: &str) -> Result<RankTable> {
-        let t: RankTable = serde_json::from_str(text).map_err(|e| Error::Config(format!("rank table: {e}")))?;
+        let t: RankTable =
+            serde_json::from_str(text).map_err(|e| Error::Config(format!("rank table: {e}")))?;
         if t.version != 1 {
-            return Err(Error::Config(format!("rank table version {} is not supported (expected 1)", t.version)));
+            return Err(Error::Config(format!(
+                "rank table version {} is not supported (expected 1)",
+                t.version
+            )));
         }
         let n: usize = t.hosts.iter().map(|h| h.ranks.len()).sum();
         let mut seen = vec![false; n];
@@ -82,7 +86,9 @@ impl RankTable {
     pub fn env_info(&self, rank: usize) -> Result<EnvInfo> {
         let n: usize = self.hosts.iter().map(|h| h.ranks.len()).sum();
         if rank >= n {
-            return Err(Error::Config(format!("rank {rank} is not in the rank table ({n} ranks)")));
+            return Err(Error::Config(format!(
+                "rank {rank} is not in the rank table ({n} ranks)"
+            )));
         }
         let host = self.host_of(rank).expect("checked by parse");
         let token = match &self.token {
@@ -117,10 +123,19 @@ mod tests {
         )
         .unwrap();
         let e = t.env_info(2).unwrap();
-        assert_eq!((e.world_size, e.local_rank, e.master_port), (3, Some(1), 29500));
+        assert_eq!(
+            (e.world_size, e.local_rank, e.master_port),
+            (3, Some(1), 29500)
+        );
         assert_eq!(t.host_of(1).unwrap().name, "b");
-        assert!(RankTable::parse(r#"{"version":1,"port":1,"hosts":[{"name":"a","addr":"x","ranks":[0,0]}]}"#).is_err());
-        assert!(RankTable::parse(r#"{"version":1,"port":1,"hosts":[{"name":"a","addr":"x","ranks":[1]}]}"#).is_err());
+        assert!(RankTable::parse(
+            r#"{"version":1,"port":1,"hosts":[{"name":"a","addr":"x","ranks":[0,0]}]}"#
+        )
+        .is_err());
+        assert!(RankTable::parse(
+            r#"{"version":1,"port":1,"hosts":[{"name":"a","addr":"x","ranks":[1]}]}"#
+        )
+        .is_err());
         assert!(t.env_info(3).is_err());
     }
 }

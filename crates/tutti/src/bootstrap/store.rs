@@ -35,7 +35,10 @@ pub fn read_frame(s: &mut impl Read) -> io::Result<Vec<u8>> {
     s.read_exact(&mut len)?;
     let n = u32::from_le_bytes(len) as usize;
     if n > MAX_FRAME {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame of {n} bytes is too long")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {n} bytes is too long"),
+        ));
     }
     let mut v = vec![0u8; n];
     s.read_exact(&mut v)?;
@@ -67,7 +70,9 @@ pub(crate) struct StoreServer {
 impl StoreServer {
     /// Serves on `listener` for clients presenting `token`.
     pub(crate) fn start(listener: TcpListener, token: [u8; 16]) -> Result<StoreServer> {
-        let addr = listener.local_addr().map_err(|e| Error::io("store address", e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::io("store address", e))?;
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io("store listener", e))?;
@@ -110,7 +115,9 @@ impl Drop for StoreServer {
         let want = self.shared.linger.load(Ordering::SeqCst);
         let until = Instant::now() + Duration::from_secs(5);
         let mut t = self.shared.table.lock().unwrap_or_else(|e| e.into_inner());
-        while t.counters.get(&b"released"[..]).copied().unwrap_or(0) < want && Instant::now() < until {
+        while t.counters.get(&b"released"[..]).copied().unwrap_or(0) < want
+            && Instant::now() < until
+        {
             t = self
                 .shared
                 .changed
@@ -121,7 +128,13 @@ impl Drop for StoreServer {
         drop(t);
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.changed.notify_all();
-        for c in self.shared.conns.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for c in self
+            .shared
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
         if let Some(h) = self.accept.take() {
@@ -267,7 +280,10 @@ pub(crate) fn read_exact_by(s: &mut TcpStream, n: usize, deadline: Instant) -> i
     while got < n {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, "handshake too slow"));
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "handshake too slow",
+            ));
         }
         s.set_read_timeout(Some(left))?;
         match s.read(&mut buf[got..]) {
@@ -299,7 +315,12 @@ pub(crate) struct StoreClient {
 
 impl StoreClient {
     /// Connects to `addr`, retrying until `deadline`, and authenticates.
-    pub(crate) fn connect(addr: SocketAddr, token: [u8; 16], rank: usize, deadline: Instant) -> Result<StoreClient> {
+    pub(crate) fn connect(
+        addr: SocketAddr,
+        token: [u8; 16],
+        rank: usize,
+        deadline: Instant,
+    ) -> Result<StoreClient> {
         let mut last = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -332,7 +353,9 @@ impl StoreClient {
     }
 
     fn request(&mut self, req: &[u8], deadline: Instant, what: &str) -> Result<Vec<u8>> {
-        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
         let _ = self.sock.set_read_timeout(Some(left));
         write_frame(&mut self.sock, req)
             .and_then(|_| read_frame(&mut self.sock))
@@ -367,9 +390,11 @@ impl StoreClient {
         let mut r = vec![b'A'];
         r.extend_from_slice(key.as_bytes());
         let v = self.request(&r, deadline, key)?;
-        Ok(u64::from_le_bytes(v.try_into().map_err(|_| Error::Bootstrap {
-            rank: self.rank,
-            msg: "malformed reply from the store".into(),
+        Ok(u64::from_le_bytes(v.try_into().map_err(|_| {
+            Error::Bootstrap {
+                rank: self.rank,
+                msg: "malformed reply from the store".into(),
+            }
         })?))
     }
 

@@ -107,14 +107,27 @@ impl Communicator {
     /// The algorithm the tuner (or `TUTTI_ALGO`) picks for `coll` with `count`
     /// elements of `dtype` on this communicator, with the predicted time in
     /// microseconds (NaN when forced).
-    pub fn plan(&self, coll: crate::Collective, count: usize, dtype: crate::DataType) -> Result<(Algorithm, f64)> {
+    pub fn plan(
+        &self,
+        coll: crate::Collective,
+        count: usize,
+        dtype: crate::DataType,
+    ) -> Result<(Algorithm, f64)> {
         let mut p = crate::algo::Problem::new(coll, self.size, self.rank, count);
         let mut ctx = tune_ctx(&self.topo, &self.config, self.ip.is_none() && self.size > 1);
         ctx.model = self.cost_model();
         p.hosts = ctx.hosts();
         if let Some(a) = self.config.algo.get(coll.kind()) {
-            if a.build(&crate::algo::Problem { count: 0, ..p.clone() }).is_some() {
-                let t = crate::tune::cost::predict(&ctx.model, &p, a, dtype.size(), &|x, y| ctx.class(x, y)).unwrap_or(f64::NAN);
+            if a.build(&crate::algo::Problem {
+                count: 0,
+                ..p.clone()
+            })
+            .is_some()
+            {
+                let t = crate::tune::cost::predict(&ctx.model, &p, a, dtype.size(), &|x, y| {
+                    ctx.class(x, y)
+                })
+                .unwrap_or(f64::NAN);
                 return Ok((a, t));
             }
         }
@@ -139,11 +152,23 @@ impl Communicator {
         for r in 0..n {
             let links: Vec<Option<Link>> = (0..n)
                 .map(|q| {
-                    (q != r).then(|| Link::Ring(RingLink::new(seg.clone(), r, q, DirectRead::Memcpy), TransportKind::Local))
+                    (q != r).then(|| {
+                        Link::Ring(
+                            RingLink::new(seg.clone(), r, q, DirectRead::Memcpy),
+                            TransportKind::Local,
+                        )
+                    })
                 })
                 .collect();
             topo.transports = links.iter().map(|l| l.as_ref().map(|l| l.kind())).collect();
-            let mut core = Core::new(links, vec![None; n], r, config.clone(), n, Some((seg.clone(), r)));
+            let mut core = Core::new(
+                links,
+                vec![None; n],
+                r,
+                config.clone(),
+                n,
+                Some((seg.clone(), r)),
+            );
             core.tune = tune_ctx(&topo, &config, true);
             out.push(Communicator {
                 engine: Engine::new(core),
@@ -169,7 +194,12 @@ impl Communicator {
     }
 
     /// [`init_rank`](Communicator::init_rank) with an explicit configuration.
-    pub fn init_rank_with(id: &UniqueId, nranks: usize, rank: usize, config: Config) -> Result<Communicator> {
+    pub fn init_rank_with(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        config: Config,
+    ) -> Result<Communicator> {
         let j = bootstrap::rendezvous(id, nranks, rank, &config)?;
         let crate::bootstrap::Connected {
             rescue,
@@ -188,7 +218,10 @@ impl Communicator {
         // on each, which transports.
         let key = format!(
             "{:?}/{:?}/{:?}",
-            topo.hosts.iter().map(|h| (&h.id, h.ranks.len())).collect::<Vec<_>>(),
+            topo.hosts
+                .iter()
+                .map(|h| (&h.id, h.ranks.len()))
+                .collect::<Vec<_>>(),
             topo.transports.iter().flatten().collect::<Vec<_>>(),
             config.socket_ifname
         );
@@ -227,7 +260,8 @@ impl Communicator {
         if e.source == "rank table" && config.host_id.is_none() {
             // The table decides which ranks share a host.
             let path = std::env::var("TUTTI_RANK_TABLE").unwrap_or_default();
-            let text = std::fs::read_to_string(&path).map_err(|err| Error::Config(format!("{path}: {err}")))?;
+            let text = std::fs::read_to_string(&path)
+                .map_err(|err| Error::Config(format!("{path}: {err}")))?;
             let t = crate::bootstrap::rank_table::RankTable::parse(&text)?;
             config.host_id = t.host_of(e.rank).map(|h| h.name.clone());
         }
@@ -274,7 +308,11 @@ impl Communicator {
     /// `ncclCommGetAsyncError`): after a timeout, a lost peer, a mismatch or
     /// an abort, every later op fails with it too. Does not wait.
     pub fn error(&self) -> Option<Error> {
-        self.engine.first_error.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.engine
+            .first_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Number of ops this communicator has completed or failed.

@@ -49,7 +49,13 @@ fn mptr<T>(s: &mut [T]) -> *mut u8 {
     s.as_mut_ptr() as *mut u8
 }
 
-fn call<T: Element>(coll: Collective, op: ReduceOp, count: usize, send: &[T], recv: &mut [T]) -> RawCall {
+fn call<T: Element>(
+    coll: Collective,
+    op: ReduceOp,
+    count: usize,
+    send: &[T],
+    recv: &mut [T],
+) -> RawCall {
     RawCall {
         coll,
         dtype: T::DTYPE,
@@ -70,7 +76,9 @@ impl Communicator {
         let name = c.coll.kind().name();
         if let Some(root) = c.coll.root() {
             if root >= n {
-                return Err(Error::arg(format!("{name}: root {root} is out of range; this communicator has ranks 0..{n}")));
+                return Err(Error::arg(format!(
+                    "{name}: root {root} is out of range; this communicator has ranks 0..{n}"
+                )));
             }
         }
         if let Collective::Send { peer } | Collective::Recv { peer } = c.coll {
@@ -81,8 +89,15 @@ impl Communicator {
             }
         }
         let esz = c.dtype.size();
-        if c.count.checked_mul(esz).and_then(|b| b.checked_mul(n)).is_none_or(|b| b > isize::MAX as usize) {
-            return Err(Error::arg(format!("{name}: count {} overflows the addressable size", c.count)));
+        if c.count
+            .checked_mul(esz)
+            .and_then(|b| b.checked_mul(n))
+            .is_none_or(|b| b > isize::MAX as usize)
+        {
+            return Err(Error::arg(format!(
+                "{name}: count {} overflows the addressable size",
+                c.count
+            )));
         }
         if let Some(v) = &c.vcounts {
             for (what, xs) in [
@@ -92,7 +107,10 @@ impl Communicator {
                 ("recv_displs", &v.recv_displs),
             ] {
                 if xs.len() != n {
-                    return Err(Error::arg(format!("{name}: {what} has {} entries; it needs one per rank ({n})", xs.len())));
+                    return Err(Error::arg(format!(
+                        "{name}: {what} has {} entries; it needs one per rank ({n})",
+                        xs.len()
+                    )));
                 }
             }
             for q in 0..n {
@@ -122,11 +140,25 @@ impl Communicator {
             ie = c.count;
         }
         let (ib, ob) = (ie * esz, oe * esz);
-        let input_needed = !matches!(c.coll, Collective::Broadcast { .. } | Collective::Recv { .. } | Collective::Barrier);
-        let rooted_out = matches!(c.coll, Collective::Reduce { .. } | Collective::Gather { .. });
+        let input_needed = !matches!(
+            c.coll,
+            Collective::Broadcast { .. } | Collective::Recv { .. } | Collective::Barrier
+        );
+        let rooted_out = matches!(
+            c.coll,
+            Collective::Reduce { .. } | Collective::Gather { .. }
+        );
         let rooted_in = matches!(c.coll, Collective::Scatter { .. });
-        let in_len_ok = if c.coll == Collective::AllToAllV { c.send_len >= ib } else { c.send_len == ib };
-        let out_len_ok = if c.coll == Collective::AllToAllV { c.recv_len >= ob } else { c.recv_len == ob };
+        let in_len_ok = if c.coll == Collective::AllToAllV {
+            c.send_len >= ib
+        } else {
+            c.send_len == ib
+        };
+        let out_len_ok = if c.coll == Collective::AllToAllV {
+            c.recv_len >= ob
+        } else {
+            c.recv_len == ob
+        };
         if input_needed && !(rooted_in && ib == 0) && !in_len_ok {
             return Err(Error::arg(format!(
                 "{name} on rank {r}: the send buffer has {} bytes but {} elements of {} ({} bytes) are needed{}",
@@ -137,7 +169,9 @@ impl Communicator {
                 hint(c.coll, n)
             )));
         }
-        let out_unused = c.coll == Collective::Barrier || matches!(c.coll, Collective::Send { .. }) || (rooted_out && ob == 0);
+        let out_unused = c.coll == Collective::Barrier
+            || matches!(c.coll, Collective::Send { .. })
+            || (rooted_out && ob == 0);
         if !out_unused && !out_len_ok {
             return Err(Error::arg(format!(
                 "{name} on rank {r}: the receive buffer has {} bytes but {} elements of {} ({} bytes) are needed{}",
@@ -153,7 +187,9 @@ impl Communicator {
             let (s, e) = (c.send as usize, c.send as usize + ib);
             let (rs, re) = (c.recv as usize, c.recv as usize + ob);
             if s < re && rs < e {
-                return Err(Error::arg(format!("{name}: the send and receive buffers overlap; use separate buffers")));
+                return Err(Error::arg(format!(
+                    "{name}: the send and receive buffers overlap; use separate buffers"
+                )));
             }
         }
         Ok(OpCall {
@@ -223,7 +259,12 @@ impl Communicator {
     }
 
     /// [`all_reduce`](Communicator::all_reduce) with per-call options (algorithm, timeout).
-    pub fn all_reduce_with<T: Element>(&self, buf: &mut [T], op: ReduceOp, opts: &Options) -> Result<()> {
+    pub fn all_reduce_with<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        opts: &Options,
+    ) -> Result<()> {
         let n = buf.len();
         let p = mptr(buf);
         let c = RawCall {
@@ -241,8 +282,16 @@ impl Communicator {
     }
 
     /// Reduces `send` across all ranks into `recv` (same length).
-    pub fn all_reduce_into<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        self.blocking(call(Collective::AllReduce, op, send.len(), send, recv), &Options::default())
+    pub fn all_reduce_into<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.blocking(
+            call(Collective::AllReduce, op, send.len(), send, recv),
+            &Options::default(),
+        )
     }
 
     /// Asynchronous in-place AllReduce; `wait()` returns the vector with the result.
@@ -307,15 +356,34 @@ impl Communicator {
 
     /// Reduces every rank's `send` into the root's `recv` (same length as
     /// `send` on the root; ignored, and may be empty, elsewhere).
-    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         let recv = if self.rank() == root { recv } else { &mut [] };
-        self.blocking(call(Collective::Reduce { root }, op, send.len(), send, recv), &Options::default())
+        self.blocking(
+            call(Collective::Reduce { root }, op, send.len(), send, recv),
+            &Options::default(),
+        )
     }
 
     /// Asynchronous [`reduce`](Communicator::reduce); returns `(send, recv)`.
-    pub fn reduce_async<T: Element>(&self, send: Vec<T>, mut recv: Vec<T>, op: ReduceOp, root: usize) -> Work<(Vec<T>, Vec<T>)> {
+    pub fn reduce_async<T: Element>(
+        &self,
+        send: Vec<T>,
+        mut recv: Vec<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Work<(Vec<T>, Vec<T>)> {
         let c = {
-            let r: &mut [T] = if self.rank() == root { &mut recv } else { &mut [] };
+            let r: &mut [T] = if self.rank() == root {
+                &mut recv
+            } else {
+                &mut []
+            };
             call(Collective::Reduce { root }, op, send.len(), &send, r)
         };
         self.issue(c, (send, recv))
@@ -326,12 +394,25 @@ impl Communicator {
     /// Every rank's `send` (all the same length) lands in every rank's `recv`,
     /// in rank order; `recv.len() == size() * send.len()`.
     pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        self.blocking(call(Collective::AllGather, ReduceOp::Sum, send.len(), send, recv), &Options::default())
+        self.blocking(
+            call(Collective::AllGather, ReduceOp::Sum, send.len(), send, recv),
+            &Options::default(),
+        )
     }
 
     /// Asynchronous [`all_gather`](Communicator::all_gather); returns `(send, recv)`.
-    pub fn all_gather_async<T: Element>(&self, send: Vec<T>, mut recv: Vec<T>) -> Work<(Vec<T>, Vec<T>)> {
-        let c = call(Collective::AllGather, ReduceOp::Sum, send.len(), &send, &mut recv);
+    pub fn all_gather_async<T: Element>(
+        &self,
+        send: Vec<T>,
+        mut recv: Vec<T>,
+    ) -> Work<(Vec<T>, Vec<T>)> {
+        let c = call(
+            Collective::AllGather,
+            ReduceOp::Sum,
+            send.len(),
+            &send,
+            &mut recv,
+        );
         self.issue(c, (send, recv))
     }
 
@@ -339,12 +420,25 @@ impl Communicator {
 
     /// Reduces `send` (`size() * recv.len()` elements) across ranks; rank r
     /// receives block r of the result.
-    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        self.blocking(call(Collective::ReduceScatter, op, recv.len(), send, recv), &Options::default())
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.blocking(
+            call(Collective::ReduceScatter, op, recv.len(), send, recv),
+            &Options::default(),
+        )
     }
 
     /// Asynchronous [`reduce_scatter`](Communicator::reduce_scatter); returns `(send, recv)`.
-    pub fn reduce_scatter_async<T: Element>(&self, send: Vec<T>, mut recv: Vec<T>, op: ReduceOp) -> Work<(Vec<T>, Vec<T>)> {
+    pub fn reduce_scatter_async<T: Element>(
+        &self,
+        send: Vec<T>,
+        mut recv: Vec<T>,
+        op: ReduceOp,
+    ) -> Work<(Vec<T>, Vec<T>)> {
         let c = call(Collective::ReduceScatter, op, recv.len(), &send, &mut recv);
         self.issue(c, (send, recv))
     }
@@ -361,16 +455,37 @@ impl Communicator {
                 send.len()
             )));
         }
-        self.blocking(call(Collective::AllToAll, ReduceOp::Sum, send.len() / n, send, recv), &Options::default())
+        self.blocking(
+            call(
+                Collective::AllToAll,
+                ReduceOp::Sum,
+                send.len() / n,
+                send,
+                recv,
+            ),
+            &Options::default(),
+        )
     }
 
     /// Asynchronous [`all_to_all`](Communicator::all_to_all); returns `(send, recv)`.
-    pub fn all_to_all_async<T: Element>(&self, send: Vec<T>, mut recv: Vec<T>) -> Work<(Vec<T>, Vec<T>)> {
+    pub fn all_to_all_async<T: Element>(
+        &self,
+        send: Vec<T>,
+        mut recv: Vec<T>,
+    ) -> Work<(Vec<T>, Vec<T>)> {
         let n = self.size();
-        let c = call(Collective::AllToAll, ReduceOp::Sum, send.len() / n, &send, &mut recv);
+        let c = call(
+            Collective::AllToAll,
+            ReduceOp::Sum,
+            send.len() / n,
+            &send,
+            &mut recv,
+        );
         if !send.len().is_multiple_of(n) {
             let done = Arc::new(Completion::default());
-            done.complete(Err(Error::arg("all_to_all: send length is not a multiple of the rank count")));
+            done.complete(Err(Error::arg(
+                "all_to_all: send length is not a multiple of the rank count",
+            )));
             return Work::new(done, (send, recv));
         }
         self.issue(c, (send, recv))
@@ -404,58 +519,122 @@ impl Communicator {
     /// elements, in rank order; ignored elsewhere).
     pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
         let recv = if self.rank() == root { recv } else { &mut [] };
-        self.blocking(call(Collective::Gather { root }, ReduceOp::Sum, send.len(), send, recv), &Options::default())
+        self.blocking(
+            call(
+                Collective::Gather { root },
+                ReduceOp::Sum,
+                send.len(),
+                send,
+                recv,
+            ),
+            &Options::default(),
+        )
     }
 
     /// Block p of the root's `send` (`size() * recv.len()` elements; ignored
     /// elsewhere) lands in rank p's `recv`.
     pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
         let send = if self.rank() == root { send } else { &[] };
-        self.blocking(call(Collective::Scatter { root }, ReduceOp::Sum, recv.len(), send, recv), &Options::default())
+        self.blocking(
+            call(
+                Collective::Scatter { root },
+                ReduceOp::Sum,
+                recv.len(),
+                send,
+                recv,
+            ),
+            &Options::default(),
+        )
     }
 
     // ---- Barrier, Send, Recv ----
 
     /// Returns once every rank has entered the barrier.
     pub fn barrier(&self) -> Result<()> {
-        self.blocking(call::<u8>(Collective::Barrier, ReduceOp::Sum, 0, &[], &mut []), &Options::default())
+        self.blocking(
+            call::<u8>(Collective::Barrier, ReduceOp::Sum, 0, &[], &mut []),
+            &Options::default(),
+        )
     }
 
     /// Asynchronous [`barrier`](Communicator::barrier).
     pub fn barrier_async(&self) -> Work<()> {
-        self.issue(call::<u8>(Collective::Barrier, ReduceOp::Sum, 0, &[], &mut []), ())
+        self.issue(
+            call::<u8>(Collective::Barrier, ReduceOp::Sum, 0, &[], &mut []),
+            (),
+        )
     }
 
     /// Sends `buf` to `peer`, which must call [`recv`](Communicator::recv) with the same length.
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
-        self.blocking(call(Collective::Send { peer }, ReduceOp::Sum, buf.len(), buf, &mut []), &Options::default())
+        self.blocking(
+            call(
+                Collective::Send { peer },
+                ReduceOp::Sum,
+                buf.len(),
+                buf,
+                &mut [],
+            ),
+            &Options::default(),
+        )
     }
 
     /// Receives `buf.len()` elements from `peer`.
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
-        self.blocking(call(Collective::Recv { peer }, ReduceOp::Sum, buf.len(), &[], buf), &Options::default())
+        self.blocking(
+            call(
+                Collective::Recv { peer },
+                ReduceOp::Sum,
+                buf.len(),
+                &[],
+                buf,
+            ),
+            &Options::default(),
+        )
     }
 
     /// Asynchronous [`send`](Communicator::send).
     pub fn send_async<T: Element>(&self, buf: Vec<T>, peer: usize) -> Work<Vec<T>> {
-        let c = call(Collective::Send { peer }, ReduceOp::Sum, buf.len(), &buf, &mut []);
+        let c = call(
+            Collective::Send { peer },
+            ReduceOp::Sum,
+            buf.len(),
+            &buf,
+            &mut [],
+        );
         self.issue(c, buf)
     }
 
     /// Asynchronous [`recv`](Communicator::recv).
     pub fn recv_async<T: Element>(&self, mut buf: Vec<T>, peer: usize) -> Work<Vec<T>> {
-        let c = call(Collective::Recv { peer }, ReduceOp::Sum, buf.len(), &[], &mut buf);
+        let c = call(
+            Collective::Recv { peer },
+            ReduceOp::Sum,
+            buf.len(),
+            &[],
+            &mut buf,
+        );
         self.issue(c, buf)
     }
 }
 
 fn hint(c: Collective, n: usize) -> String {
     match c {
-        Collective::AllGather => format!(" (AllGather's receive buffer holds size ({n}) x the send count)"),
-        Collective::ReduceScatter => format!(" (ReduceScatter's send buffer holds size ({n}) x the receive count)"),
-        Collective::Gather { .. } => format!(" (the root's receive buffer holds size ({n}) x the send count)"),
-        Collective::Scatter { .. } => format!(" (the root's send buffer holds size ({n}) x the receive count)"),
-        Collective::AllReduce => " (AllReduce's send and receive buffers have the same length)".into(),
+        Collective::AllGather => {
+            format!(" (AllGather's receive buffer holds size ({n}) x the send count)")
+        }
+        Collective::ReduceScatter => {
+            format!(" (ReduceScatter's send buffer holds size ({n}) x the receive count)")
+        }
+        Collective::Gather { .. } => {
+            format!(" (the root's receive buffer holds size ({n}) x the send count)")
+        }
+        Collective::Scatter { .. } => {
+            format!(" (the root's send buffer holds size ({n}) x the receive count)")
+        }
+        Collective::AllReduce => {
+            " (AllReduce's send and receive buffers have the same length)".into()
+        }
         _ => String::new(),
     }
 }

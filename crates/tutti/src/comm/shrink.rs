@@ -29,16 +29,27 @@ impl Communicator {
             ));
         };
         if let Some(&d) = dead.iter().find(|&&d| d >= n) {
-            return Err(Error::arg(format!("shrink: rank {d} is not in this communicator of {n} ranks")));
+            return Err(Error::arg(format!(
+                "shrink: rank {d} is not in this communicator of {n} ranks"
+            )));
         }
         if dead.contains(&self.rank()) {
-            return Err(Error::arg(format!("shrink: this rank ({}) is listed as dead", self.rank())));
+            return Err(Error::arg(format!(
+                "shrink: this rank ({}) is listed as dead",
+                self.rank()
+            )));
         }
         let survivors: Vec<usize> = (0..n).filter(|r| !dead.contains(r)).collect();
-        let new_rank = survivors.iter().position(|&r| r == self.rank()).expect("a survivor");
+        let new_rank = survivors
+            .iter()
+            .position(|&r| r == self.rank())
+            .expect("a survivor");
         let root = survivors[0];
         let deadline = Instant::now() + self.config.connect_timeout;
-        let boot = |msg: String| Error::Bootstrap { rank: self.rank(), msg };
+        let boot = |msg: String| Error::Bootstrap {
+            rank: self.rank(),
+            msg,
+        };
         let server = if new_rank == 0 {
             let _ = listener.set_nonblocking(false);
             let l = listener
@@ -62,7 +73,9 @@ impl Communicator {
             }
         }
         let members: Vec<usize> = (0..survivors.len()).collect();
-        let ip = self.ip.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+        let ip = self
+            .ip
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
         let conn = {
             let mut ex = StoreExchange {
                 client: &mut client,
@@ -71,8 +84,16 @@ impl Communicator {
                 round: 0,
                 deadline,
             };
-            bootstrap::connect(&mut ex, new_rank, Some(&members), &self.config, self.token, ip, deadline)?
-                .ok_or_else(|| boot("internal: survivor missing from the new group".into()))?
+            bootstrap::connect(
+                &mut ex,
+                new_rank,
+                Some(&members),
+                &self.config,
+                self.token,
+                ip,
+                deadline,
+            )?
+            .ok_or_else(|| boot("internal: survivor missing from the new group".into()))?
         };
         // As at start-up, the recovery store lives only for set-up.
         match server {
@@ -83,7 +104,14 @@ impl Communicator {
             None => client.release(deadline)?,
         }
         let ranks_here = conn.ranks_on_machine;
-        let mut core = Core::new(conn.links, conn.peer_pids, new_rank, self.config.clone(), ranks_here, conn.segment);
+        let mut core = Core::new(
+            conn.links,
+            conn.peer_pids,
+            new_rank,
+            self.config.clone(),
+            ranks_here,
+            conn.segment,
+        );
         core.tune = super::tune_ctx(&conn.topo, &self.config, false);
         super::keep_rescue(&mut core, conn.rescue.as_ref());
         Ok(Communicator {
@@ -109,7 +137,9 @@ impl Communicator {
 
     /// Ranks whose recovery listener does not answer within half a second.
     pub fn dead_ranks(&self) -> Vec<usize> {
-        let Some((_, addrs)) = &self.rescue else { return Vec::new() };
+        let Some((_, addrs)) = &self.rescue else {
+            return Vec::new();
+        };
         let me = self.rank();
         addrs
             .iter()

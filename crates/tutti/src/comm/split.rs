@@ -72,7 +72,12 @@ impl Communicator {
             m.sort_by_key(|&q| (all[2 * q + 1], q));
             m
         });
-        if self.topo.transports.iter().all(|t| matches!(t, None | Some(TransportKind::Local))) {
+        if self
+            .topo
+            .transports
+            .iter()
+            .all(|t| matches!(t, None | Some(TransportKind::Local)))
+        {
             return self.split_local(members);
         }
         let deadline = Instant::now() + self.config.connect_timeout;
@@ -81,7 +86,15 @@ impl Communicator {
             .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
         let conn = {
             let mut ex = CommExchange(self);
-            bootstrap::connect(&mut ex, self.rank(), members.as_deref(), &self.config, self.token, ip, deadline)?
+            bootstrap::connect(
+                &mut ex,
+                self.rank(),
+                members.as_deref(),
+                &self.config,
+                self.token,
+                ip,
+                deadline,
+            )?
         };
         let (Some(conn), Some(members)) = (conn, members) else {
             return Ok(None);
@@ -91,7 +104,14 @@ impl Communicator {
             .position(|&q| q == self.rank())
             .expect("a member of its group");
         let ranks_here = conn.ranks_on_machine;
-        let mut core = Core::new(conn.links, conn.peer_pids, rank, self.config.clone(), ranks_here, conn.segment);
+        let mut core = Core::new(
+            conn.links,
+            conn.peer_pids,
+            rank,
+            self.config.clone(),
+            ranks_here,
+            conn.segment,
+        );
         core.tune = super::tune_ctx(&conn.topo, &self.config, false);
         super::keep_rescue(&mut core, conn.rescue.as_ref());
         let rescue = conn.rescue.map(|l| (l, conn.peer_addrs));
@@ -115,7 +135,9 @@ impl Communicator {
     pub fn new_group(&self, ranks: &[usize]) -> Result<Option<Communicator>> {
         let n = self.size();
         if let Some(&bad) = ranks.iter().find(|&&r| r >= n) {
-            return Err(Error::arg(format!("new_group: rank {bad} is not in this communicator of {n} ranks")));
+            return Err(Error::arg(format!(
+                "new_group: rank {bad} is not in this communicator of {n} ranks"
+            )));
         }
         let mut seen = vec![false; n];
         for &r in ranks {
@@ -124,13 +146,17 @@ impl Communicator {
             }
         }
         // Make sure every rank passed the same list (a cheap fingerprint).
-        let fp = ranks.iter().fold(ranks.len() as u64, |h, &r| h.wrapping_mul(1_000_003).wrapping_add(r as u64 + 1));
+        let fp = ranks.iter().fold(ranks.len() as u64, |h, &r| {
+            h.wrapping_mul(1_000_003).wrapping_add(r as u64 + 1)
+        });
         let mut lo = [fp];
         let mut hi = [fp];
         self.all_reduce(&mut lo, ReduceOp::Min)?;
         self.all_reduce(&mut hi, ReduceOp::Max)?;
         if lo != hi {
-            return Err(Error::arg("new_group: ranks passed different lists; every rank must pass the same ranks"));
+            return Err(Error::arg(
+                "new_group: ranks passed different lists; every rank must pass the same ranks",
+            ));
         }
         let pos = ranks.iter().position(|&r| r == self.rank());
         self.split(pos.map(|_| 0), pos.map_or(0, |p| p as i64))
@@ -139,7 +165,9 @@ impl Communicator {
     /// Split for thread ranks: the group's first member makes a heap segment
     /// and hands a reference to each member through the parent.
     fn split_local(&self, members: Option<Vec<usize>>) -> Result<Option<Communicator>> {
-        let my = members.as_ref().and_then(|m| m.iter().position(|&q| q == self.rank()));
+        let my = members
+            .as_ref()
+            .and_then(|m| m.iter().position(|&q| q == self.rank()));
         let mut out = Vec::new();
         if let (Some(m), Some(0)) = (&members, my) {
             let seg = Segment::heap(m.len(), self.config.ring_bytes);
@@ -152,7 +180,11 @@ impl Communicator {
             return Ok(None);
         };
         let from_leader = &all[members[0]];
-        let raw = u64::from_le_bytes(from_leader[8 * rank..8 * rank + 8].try_into().expect("8 bytes"));
+        let raw = u64::from_le_bytes(
+            from_leader[8 * rank..8 * rank + 8]
+                .try_into()
+                .expect("8 bytes"),
+        );
         // SAFETY: the leader, a thread of this same process (the parent uses
         // only the local transport), produced this pointer with
         // Arc::into_raw, one reference per member, and each member takes
@@ -160,11 +192,25 @@ impl Communicator {
         let seg: Arc<Segment> = unsafe { Arc::from_raw(raw as *const Segment) };
         let m = members.len();
         let links: Vec<Option<Link>> = (0..m)
-            .map(|q| (q != rank).then(|| Link::Ring(RingLink::new(seg.clone(), rank, q, DirectRead::Memcpy), TransportKind::Local)))
+            .map(|q| {
+                (q != rank).then(|| {
+                    Link::Ring(
+                        RingLink::new(seg.clone(), rank, q, DirectRead::Memcpy),
+                        TransportKind::Local,
+                    )
+                })
+            })
             .collect();
         let mut topo = Topology::from_host_ids(&vec![String::from("local"); m]);
         topo.transports = links.iter().map(|l| l.as_ref().map(|l| l.kind())).collect();
-        let mut core = Core::new(links, vec![None; m], rank, self.config.clone(), m, Some((seg, rank)));
+        let mut core = Core::new(
+            links,
+            vec![None; m],
+            rank,
+            self.config.clone(),
+            m,
+            Some((seg, rank)),
+        );
         core.tune = super::tune_ctx(&topo, &self.config, true);
         Ok(Some(Communicator {
             engine: Engine::new(core),

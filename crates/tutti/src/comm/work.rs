@@ -19,12 +19,18 @@ pub struct Work<B = ()> {
 
 impl<B> Work<B> {
     pub(crate) fn new(done: Arc<Completion>, buf: B) -> Self {
-        Work { done, buf: Some(buf) }
+        Work {
+            done,
+            buf: Some(buf),
+        }
     }
 
     /// Waits for the op and returns its buffers, or its error.
     pub fn wait(mut self) -> Result<B> {
-        let r = self.done.wait(None).expect("waiting without a deadline returns a result");
+        let r = self
+            .done
+            .wait(None)
+            .expect("waiting without a deadline returns a result");
         let b = self.buf.take().expect("buffers are present until wait");
         r.map(|_| b)
     }
@@ -51,6 +57,8 @@ impl<B> Drop for Work<B> {
 
 impl<B> std::fmt::Debug for Work<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Work").field("done", &self.is_done()).finish()
+        f.debug_struct("Work")
+            .field("done", &self.is_done())
+            .finish()
     }
 }

@@ -76,11 +76,20 @@ fn resolve(b: &Buffers, l: Loc, len: usize, esz: usize) -> Result<*mut u8> {
     }
     // SAFETY: start <= end <= blen, so the result stays inside the buffer
     // (or is the buffer's own pointer when the range is empty).
-    Ok(if len == 0 { base } else { unsafe { base.add(start) } })
+    Ok(if len == 0 {
+        base
+    } else {
+        unsafe { base.add(start) }
+    })
 }
 
 /// Runs `sched` to completion, or fails with a typed error.
-pub(crate) fn execute(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mut Scratchpad) -> Result<()> {
+pub(crate) fn execute(
+    sched: &Schedule,
+    b: &Buffers,
+    env: &mut Env<'_>,
+    pad: &mut Scratchpad,
+) -> Result<()> {
     let esz = env.cx.elem;
     let k = sched.steps.len();
     let n = env.links.len();
@@ -94,7 +103,9 @@ pub(crate) fn execute(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mu
     for (i, s) in sched.steps.iter().enumerate() {
         for q in [s.send_peer(), s.recv_peer()].into_iter().flatten() {
             if q >= n || env.links[q].is_none() {
-                return Err(Error::arg(format!("internal: schedule names peer {q}, which has no link")));
+                return Err(Error::arg(format!(
+                    "internal: schedule names peer {q}, which has no link"
+                )));
             }
             if !pad.peers.contains(&q) {
                 pad.peers.push(q);
@@ -125,7 +136,13 @@ pub(crate) fn execute(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mu
     r
 }
 
-fn run(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mut Scratchpad, esz: usize) -> Result<()> {
+fn run(
+    sched: &Schedule,
+    b: &Buffers,
+    env: &mut Env<'_>,
+    pad: &mut Scratchpad,
+    esz: usize,
+) -> Result<()> {
     let k = sched.steps.len();
     let mut remaining = k;
     let mut first_unstarted = 0usize;
@@ -142,7 +159,15 @@ fn run(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mut Scratchpad, e
         .iter()
         .any(|&q| matches!(env.links[q], Some(Link::Ring(..))));
     loop {
-        let mut moved = start_ready(sched, b, env, pad, esz, &mut first_unstarted, &mut remaining)?;
+        let mut moved = start_ready(
+            sched,
+            b,
+            env,
+            pad,
+            esz,
+            &mut first_unstarted,
+            &mut remaining,
+        )?;
         moved |= progress(sched, env, pad, &mut remaining)?;
         if remaining == 0 {
             return Ok(());
@@ -186,7 +211,11 @@ fn run(sched: &Schedule, b: &Buffers, env: &mut Env<'_>, pad: &mut Scratchpad, e
         }
         let nap = (env.deadline - now).min(Duration::from_millis(20));
         if has_tcp {
-            let nap = if has_ring { Duration::from_micros(200) } else { nap };
+            let nap = if has_ring {
+                Duration::from_micros(200)
+            } else {
+                nap
+            };
             poll_sockets(env, pad, nap);
         } else if let Some(bell) = env.bell {
             let mut found = false;
@@ -297,7 +326,12 @@ fn start_ready(
 }
 
 /// Moves the head message of every peer queue as far as it goes.
-fn progress(sched: &Schedule, env: &mut Env<'_>, pad: &mut Scratchpad, remaining: &mut usize) -> Result<bool> {
+fn progress(
+    sched: &Schedule,
+    env: &mut Env<'_>,
+    pad: &mut Scratchpad,
+    remaining: &mut usize,
+) -> Result<bool> {
     let _ = sched;
     let mut moved = false;
     for pi in 0..pad.peers.len() {
@@ -390,7 +424,11 @@ fn poll_sockets(env: &Env<'_>, pad: &Scratchpad, nap: Duration) {
             // (a fused step may still be waiting for its own input).
             if let Some(&i) = pad.sendq[q].front() {
                 let st = &pad.states[i as usize];
-                if st.send.as_ref().is_some_and(|m| !m.header_sent || m.sent < m.avail) {
+                if st
+                    .send
+                    .as_ref()
+                    .is_some_and(|m| !m.header_sent || m.sent < m.avail)
+                {
                     events |= libc::POLLOUT;
                 }
             }
@@ -409,6 +447,10 @@ fn poll_sockets(env: &Env<'_>, pad: &Scratchpad, nap: Duration) {
     }
     // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
     unsafe {
-        libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, nap.as_millis().max(1) as i32);
+        libc::poll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            nap.as_millis().max(1) as i32,
+        );
     }
 }

@@ -167,11 +167,17 @@ impl Core {
         if let Err(e) = &r {
             if matches!(
                 e,
-                Error::Timeout { .. } | Error::PeerLost { .. } | Error::Mismatch { .. } | Error::Aborted
+                Error::Timeout { .. }
+                    | Error::PeerLost { .. }
+                    | Error::Mismatch { .. }
+                    | Error::Aborted
             ) {
                 tracing::error!(rank = self.rank, "{e}");
                 self.poisoned = Some(e.clone());
-                self.first_error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e.clone());
+                self.first_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(e.clone());
                 self.recorder.dump(self.rank, self.nranks);
                 // Make peers fail fast instead of waiting for us.
                 for l in self.links.iter().flatten() {
@@ -224,7 +230,10 @@ impl Core {
             }
             _ => {
                 let s = self.schedule_for(problem.clone(), bytes, c)?;
-                let name = self.cache.get(&(problem.clone(), c.algorithm)).map_or("", |(a, _)| a.name());
+                let name = self
+                    .cache
+                    .get(&(problem.clone(), c.algorithm))
+                    .map_or("", |(a, _)| a.name());
                 self.last = Some((problem, c.algorithm, s.clone(), name));
                 s
             }
@@ -234,17 +243,24 @@ impl Core {
 
     /// The schedule for a call shape: cached per (problem, forced algorithm),
     /// so the tuner prices each shape once.
-    fn schedule_for(&mut self, problem: Problem, _bytes: usize, c: &OpCall) -> Result<Arc<Schedule>> {
+    fn schedule_for(
+        &mut self,
+        problem: Problem,
+        _bytes: usize,
+        c: &OpCall,
+    ) -> Result<Arc<Schedule>> {
         let key = (problem, c.algorithm);
         if let Some((a, s)) = self.cache.get(&key) {
             self.recorder.set_algorithm(a.name());
             return Ok(s.clone());
         }
         let alg = crate::tune::select(&key.0, c.dtype, c.algorithm, &self.config.algo, &self.tune)?;
-        let s = Arc::new(
-            alg.build(&key.0)
-                .ok_or_else(|| Error::arg(format!("algorithm {alg} does not implement {}", c.coll.kind())))?,
-        );
+        let s = Arc::new(alg.build(&key.0).ok_or_else(|| {
+            Error::arg(format!(
+                "algorithm {alg} does not implement {}",
+                c.coll.kind()
+            ))
+        })?);
         if self.cache.len() > 512 {
             self.cache.clear();
         }
@@ -253,7 +269,13 @@ impl Core {
         Ok(s)
     }
 
-    fn run_schedule(&mut self, c: &OpCall, seq: u64, sched: &Schedule, abort: &AtomicBool) -> Result<()> {
+    fn run_schedule(
+        &mut self,
+        c: &OpCall,
+        seq: u64,
+        sched: &Schedule,
+        abort: &AtomicBool,
+    ) -> Result<()> {
         let coll_seq = if c.coll.kind() == crate::algo::CollKind::SendRecv {
             crate::transport::P2P_SEQ
         } else {
@@ -280,12 +302,21 @@ impl Core {
             c.coll,
             Collective::AllReduce | Collective::Reduce { .. } | Collective::ReduceScatter
         );
-        let op = if reduces { c.op.step_op() } else { ReduceOp::Sum };
+        let op = if reduces {
+            c.op.step_op()
+        } else {
+            ReduceOp::Sum
+        };
         let mut cx = StepCx {
             rank: self.rank,
             seq,
             // The user's op (Avg, not the Sum it reduces with): Sum and Avg must not mix.
-            tag: make_tag(c.coll.kind(), c.dtype, if reduces { c.op } else { op }, c.coll.root().unwrap_or(0)),
+            tag: make_tag(
+                c.coll.kind(),
+                c.dtype,
+                if reduces { c.op } else { op },
+                c.coll.root().unwrap_or(0),
+            ),
             coll_seq,
             op_name: c.coll.kind().name(),
             dtype: c.dtype,
@@ -361,14 +392,21 @@ impl Completion {
                     if now >= d {
                         return None;
                     }
-                    g = self.cv.wait_timeout(g, d - now).unwrap_or_else(|e| e.into_inner()).0;
+                    g = self
+                        .cv
+                        .wait_timeout(g, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
                 }
             }
         }
     }
 
     pub(crate) fn is_done(&self) -> bool {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 }
 
@@ -387,7 +425,11 @@ pub(crate) struct Turns {
 }
 
 impl Turns {
-    fn lock_turn(&self, ticket: u64, abort: Option<&AtomicBool>) -> Result<std::sync::MutexGuard<'_, Core>> {
+    fn lock_turn(
+        &self,
+        ticket: u64,
+        abort: Option<&AtomicBool>,
+    ) -> Result<std::sync::MutexGuard<'_, Core>> {
         let mut g = self.core.lock().unwrap_or_else(|e| e.into_inner());
         if g.next_turn == ticket {
             return Ok(g);
@@ -448,7 +490,13 @@ impl Engine {
 
     /// Runs `call` in its turn. `done`, if given, is completed before the
     /// turn passes on, so a later op never finishes before this one reports.
-    fn run_turn(t: &Turns, ticket: u64, call: &OpCall, abort: &AtomicBool, done: Option<&Completion>) -> Result<()> {
+    fn run_turn(
+        t: &Turns,
+        ticket: u64,
+        call: &OpCall,
+        abort: &AtomicBool,
+        done: Option<&Completion>,
+    ) -> Result<()> {
         let mut g = match t.lock_turn(ticket, Some(abort)) {
             Ok(g) => g,
             Err(e) => {
@@ -488,13 +536,18 @@ impl Engine {
                 .spawn(move || {
                     while let Ok(mut job) = rx.recv() {
                         job.call.background = true;
-                        let _ = Self::run_turn(&core, job.ticket, &job.call, &abort, Some(&job.done));
+                        let _ =
+                            Self::run_turn(&core, job.ticket, &job.call, &abort, Some(&job.done));
                     }
                 })
                 .expect("spawning the progress thread");
             *w = Some((tx, h));
         }
-        let job = Job { call, ticket: t, done };
+        let job = Job {
+            call,
+            ticket: t,
+            done,
+        };
         if let Err(mpsc::SendError(job)) = w.as_ref().expect("worker started").0.send(job) {
             job.done.complete(Err(Error::Aborted));
         }
@@ -503,7 +556,10 @@ impl Engine {
     /// Runs `f` on the core once every issued op has finished.
     pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
         let t = self.tickets.fetch_add(1, Ordering::SeqCst);
-        let mut g = self.core.lock_turn(t, None).expect("waiting without abort cannot fail");
+        let mut g = self
+            .core
+            .lock_turn(t, None)
+            .expect("waiting without abort cannot fail");
         let r = f(&mut g);
         self.core.end_turn(g);
         r
@@ -512,7 +568,10 @@ impl Engine {
     /// Aborts: every waiting and later op fails with [`Error::Aborted`].
     pub(crate) fn abort(&self) {
         self.abort.store(true, Ordering::SeqCst);
-        self.first_error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(Error::Aborted);
+        self.first_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(Error::Aborted);
         if let Some((seg, i)) = &self.bell {
             crate::transport::shm::abort_wake(seg.bell(*i));
         }
@@ -522,7 +581,11 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        let w = self.worker.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        let w = self
+            .worker
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some((tx, h)) = w {
             drop(tx);
             let _ = h.join();

@@ -133,7 +133,15 @@ impl Recorder {
             size,
             ops: self.ops.iter().map(OpRecord::from).collect(),
         };
-        for r in self.ops.iter().rev().take(8).collect::<Vec<_>>().into_iter().rev() {
+        for r in self
+            .ops
+            .iter()
+            .rev()
+            .take(8)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+        {
             tracing::error!(
                 rank,
                 "flight recorder: #{} {} count {} {} {} via {}: {:?}",
@@ -182,21 +190,37 @@ pub fn analyze(dir: &Path) -> std::io::Result<Analysis> {
             let b = std::fs::read(&p)?;
             match serde_json::from_slice::<Trace>(&b) {
                 Ok(t) => traces.push(t),
-                Err(e) => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", p.display()))),
+                Err(e) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("{}: {e}", p.display()),
+                    ))
+                }
             }
         }
     }
     traces.sort_by_key(|t| t.rank);
     let size = traces.iter().map(|t| t.size).max().unwrap_or(0);
-    let missing: Vec<usize> = (0..size).filter(|r| !traces.iter().any(|t| t.rank == *r)).collect();
+    let missing: Vec<usize> = (0..size)
+        .filter(|r| !traces.iter().any(|t| t.rank == *r))
+        .collect();
     let mut lines = Vec::new();
-    let last_done = |t: &Trace| t.ops.iter().filter(|o| o.state == OpState::Done).map(|o| o.seq).max();
+    let last_done = |t: &Trace| {
+        t.ops
+            .iter()
+            .filter(|o| o.state == OpState::Done)
+            .map(|o| o.seq)
+            .max()
+    };
     let furthest = traces.iter().filter_map(last_done).max();
     for t in &traces {
         let cur = t.ops.last();
         let d = last_done(t);
         let status = match cur {
-            Some(o) => format!("last op #{} {} ({} x {}) {:?}", o.seq, o.op, o.count, o.dtype, o.state),
+            Some(o) => format!(
+                "last op #{} {} ({} x {}) {:?}",
+                o.seq, o.op, o.count, o.dtype, o.state
+            ),
             None => "no ops recorded".into(),
         };
         let behind = match (d, furthest) {
@@ -214,11 +238,18 @@ pub fn analyze(dir: &Path) -> std::io::Result<Analysis> {
     // Ops in flight that disagree between ranks point to a mismatch.
     let running: Vec<(usize, &OpRecord)> = traces
         .iter()
-        .filter_map(|t| t.ops.iter().find(|o| o.state != OpState::Done).map(|o| (t.rank, o)))
+        .filter_map(|t| {
+            t.ops
+                .iter()
+                .find(|o| o.state != OpState::Done)
+                .map(|o| (t.rank, o))
+        })
         .collect();
     if let Some((r0, first)) = running.first() {
         for (r, o) in &running[1..] {
-            if o.seq == first.seq && (o.op != first.op || o.count != first.count || o.dtype != first.dtype) {
+            if o.seq == first.seq
+                && (o.op != first.op || o.count != first.count || o.dtype != first.dtype)
+            {
                 lines.push(format!(
                     "mismatch at op #{}: rank {r0} ran {} ({} x {}), rank {r} ran {} ({} x {})",
                     o.seq, first.op, first.count, first.dtype, o.op, o.count, o.dtype

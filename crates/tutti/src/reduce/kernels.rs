@@ -95,7 +95,13 @@ impl Half for bf16 {
 /// # Safety
 /// As for [`body`].
 #[inline(always)]
-unsafe fn body_half<H: Half>(dst: *mut H, a: *const H, b: *const H, n: usize, f: impl Fn(f32, f32) -> f32) {
+unsafe fn body_half<H: Half>(
+    dst: *mut H,
+    a: *const H,
+    b: *const H,
+    n: usize,
+    f: impl Fn(f32, f32) -> f32,
+) {
     const BLOCK: usize = 512;
     let mut ha = [H::default(); BLOCK];
     let mut hb = [H::default(); BLOCK];
@@ -241,7 +247,14 @@ fn table() -> &'static [Kernel; 40] {
 /// # Safety
 /// `dst`, `a` and `b` must each be valid for `nbytes` bytes; `dst` may be
 /// equal to `a` or `b` but must not partially overlap either.
-pub unsafe fn reduce(dtype: DataType, op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, nbytes: usize) {
+pub unsafe fn reduce(
+    dtype: DataType,
+    op: ReduceOp,
+    dst: *mut u8,
+    a: *const u8,
+    b: *const u8,
+    nbytes: usize,
+) {
     let k = table()[index(dtype, op)];
     // SAFETY: forwarded from this function's contract; the table holds only
     // kernels whose target features the running CPU has (checked in `table`).
@@ -278,7 +291,16 @@ mod tests {
         let mut d = a.to_vec();
         let bytes = std::mem::size_of_val(a);
         // SAFETY: all three are valid slices of the same length; d aliases nothing.
-        unsafe { reduce(dt, op, d.as_mut_ptr() as *mut u8, a.as_ptr() as *const u8, b.as_ptr() as *const u8, bytes) };
+        unsafe {
+            reduce(
+                dt,
+                op,
+                d.as_mut_ptr() as *mut u8,
+                a.as_ptr() as *const u8,
+                b.as_ptr() as *const u8,
+                bytes,
+            )
+        };
         d
     }
 
@@ -319,7 +341,16 @@ mod tests {
             b[1 + 4 * i..5 + 4 * i].copy_from_slice(&(i as f32).to_ne_bytes());
         }
         // SAFETY: all pointers are valid for 260 bytes past offset 1.
-        unsafe { reduce(DataType::F32, ReduceOp::Sum, d.as_mut_ptr().add(1), a.as_ptr().add(1), b.as_ptr().add(1), 260) };
+        unsafe {
+            reduce(
+                DataType::F32,
+                ReduceOp::Sum,
+                d.as_mut_ptr().add(1),
+                a.as_ptr().add(1),
+                b.as_ptr().add(1),
+                260,
+            )
+        };
         assert_eq!(&d[1..], &b[1..]);
         scale_avg(DataType::I32, &mut d[1..], 1);
     }

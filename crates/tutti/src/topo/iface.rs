@@ -22,7 +22,10 @@ pub fn list() -> Result<Vec<Interface>> {
     let mut ifa: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `ifa` with a list we free below.
     if unsafe { libc::getifaddrs(&mut ifa) } != 0 {
-        return Err(Error::io("listing network interfaces", std::io::Error::last_os_error()));
+        return Err(Error::io(
+            "listing network interfaces",
+            std::io::Error::last_os_error(),
+        ));
     }
     let mut p = ifa;
     while !p.is_null() {
@@ -65,16 +68,23 @@ pub fn matches(spec: &str, name: &str) -> bool {
         Some(rest) => (true, rest),
         None => (false, spec),
     };
-    let hit = list.split(',').map(str::trim).filter(|s| !s.is_empty()).any(|e| match e.strip_prefix('=') {
-        Some(exact) => name == exact,
-        None => name.starts_with(e),
-    });
+    let hit = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .any(|e| match e.strip_prefix('=') {
+            Some(exact) => name == exact,
+            None => name.starts_with(e),
+        });
     hit != exclude
 }
 
 /// The address of the first interface matching `spec` (non-loopback first).
 pub fn pick(spec: &str) -> Result<Option<IpAddr>> {
-    let mut v: Vec<Interface> = list()?.into_iter().filter(|i| matches(spec, &i.name)).collect();
+    let mut v: Vec<Interface> = list()?
+        .into_iter()
+        .filter(|i| matches(spec, &i.name))
+        .collect();
     v.sort_by_key(|i| i.addr.is_loopback());
     Ok(v.first().map(|i| i.addr))
 }

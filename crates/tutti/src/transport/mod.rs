@@ -258,7 +258,9 @@ impl StepCx {
                 n & 0x7fff
             )));
         }
-        if h.tag != self.tag || (h.seq != self.coll_seq && h.seq != P2P_SEQ && self.coll_seq != P2P_SEQ) {
+        if h.tag != self.tag
+            || (h.seq != self.coll_seq && h.seq != P2P_SEQ && self.coll_seq != P2P_SEQ)
+        {
             let which = |seq: u32| {
                 if seq == P2P_SEQ {
                     "send/recv".to_string()
@@ -299,8 +301,16 @@ impl StepCx {
 
 /// The tag of an op in 16 bits: collective kind, data type, reduction op
 /// and root (mod 16), four bits each.
-pub(crate) fn make_tag(kind: crate::algo::CollKind, dtype: DataType, op: ReduceOp, root: usize) -> u16 {
-    let k = crate::algo::CollKind::ALL.iter().position(|x| *x == kind).unwrap_or(15) as u16;
+pub(crate) fn make_tag(
+    kind: crate::algo::CollKind,
+    dtype: DataType,
+    op: ReduceOp,
+    root: usize,
+) -> u16 {
+    let k = crate::algo::CollKind::ALL
+        .iter()
+        .position(|x| *x == kind)
+        .unwrap_or(15) as u16;
     let d = DataType::ALL.iter().position(|x| *x == dtype).unwrap_or(15) as u16;
     let o = ReduceOp::ALL.iter().position(|x| *x == op).unwrap_or(15) as u16;
     (k << 12) | (d << 8) | (o << 4) | (root as u16 & 15)
@@ -314,7 +324,13 @@ fn tag_name(tag: u16) -> &'static str {
 }
 
 fn describe_tag(tag: u16) -> String {
-    let d = DataType::ALL.get(((tag >> 8) & 15) as usize).map(|d| d.name()).unwrap_or("?");
-    let o = ReduceOp::ALL.get(((tag >> 4) & 15) as usize).map(|o| o.name()).unwrap_or("?");
+    let d = DataType::ALL
+        .get(((tag >> 8) & 15) as usize)
+        .map(|d| d.name())
+        .unwrap_or("?");
+    let o = ReduceOp::ALL
+        .get(((tag >> 4) & 15) as usize)
+        .map(|o| o.name())
+        .unwrap_or("?");
     format!("dtype {d}, op {o}, root {} (mod 16)", tag & 15)
 }

@@ -101,7 +101,8 @@ impl Layout {
         let pad = |x: usize| x.div_ceil(128) * 128;
         let bells = pad(std::mem::size_of::<SegHeader>());
         let ctls = bells + pad(locals * std::mem::size_of::<CachePadded<Doorbell>>());
-        let data = pad(ctls + locals * locals * std::mem::size_of::<RingCtl>()).div_ceil(4096) * 4096;
+        let data =
+            pad(ctls + locals * locals * std::mem::size_of::<RingCtl>()).div_ceil(4096) * 4096;
         let total = data + locals * locals * cap;
         Layout {
             locals,
@@ -143,7 +144,11 @@ impl Segment {
         let al = std::alloc::Layout::from_size_align(layout.total, 4096).expect("segment layout");
         // SAFETY: the layout has non-zero size (at least one header page).
         let base = unsafe { std::alloc::alloc_zeroed(al) };
-        assert!(!base.is_null(), "out of memory allocating a {} byte segment", layout.total);
+        assert!(
+            !base.is_null(),
+            "out of memory allocating a {} byte segment",
+            layout.total
+        );
         let seg = Segment {
             base,
             layout,
@@ -168,7 +173,10 @@ impl Segment {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(Error::io("mmap of the shared-memory segment", std::io::Error::last_os_error()));
+            return Err(Error::io(
+                "mmap of the shared-memory segment",
+                std::io::Error::last_os_error(),
+            ));
         }
         let seg = Segment {
             base: p as *mut u8,
@@ -210,9 +218,7 @@ impl Segment {
         assert!(i < self.layout.locals);
         // SAFETY: the doorbell array lies at `bells` with `locals` padded
         // entries inside the mapping; atomics are valid when zeroed.
-        unsafe {
-            &*(self.base.add(self.layout.bells) as *const CachePadded<Doorbell>).add(i)
-        }
+        unsafe { &*(self.base.add(self.layout.bells) as *const CachePadded<Doorbell>).add(i) }
     }
 
     fn ctl(&self, from: usize, to: usize) -> &RingCtl {
@@ -226,7 +232,10 @@ impl Segment {
         let l = self.layout.locals;
         // SAFETY: ring data lies at `data`, cap bytes per ordered pair, all
         // inside the mapping of `total` bytes.
-        unsafe { self.base.add(self.layout.data + (from * l + to) * self.layout.cap) }
+        unsafe {
+            self.base
+                .add(self.layout.data + (from * l + to) * self.layout.cap)
+        }
     }
 }
 
@@ -417,10 +426,21 @@ impl RingLink {
                         DESC_BYTES,
                     )
                 };
-                ctl.tail.store(t + (HEADER_BYTES + DESC_BYTES) as u64, Ordering::Release);
+                ctl.tail
+                    .store(t + (HEADER_BYTES + DESC_BYTES) as u64, Ordering::Release);
                 let k = self.direct_recvd + 1;
-                if ctl.claim.compare_exchange(k - 1, k, Ordering::AcqRel, Ordering::Acquire).is_err() {
-                    return Err(cx.lost(self.peer, format!("rank {} withdrew its buffer (it failed or aborted)", self.peer)));
+                if ctl
+                    .claim
+                    .compare_exchange(k - 1, k, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    return Err(cx.lost(
+                        self.peer,
+                        format!(
+                            "rank {} withdrew its buffer (it failed or aborted)",
+                            self.peer
+                        ),
+                    ));
                 }
                 self.direct_recvd = k;
                 self.read_direct(m, cx, desc[0] as i32, desc[1])?;
@@ -489,7 +509,10 @@ impl RingLink {
         // the receiver died (then it reads nothing more).
         let start = std::time::Instant::now();
         let mut checked = start;
-        while ctl.acked.load(Ordering::Acquire) < k && !self.peer_failed() && start.elapsed() < Duration::from_secs(5) {
+        while ctl.acked.load(Ordering::Acquire) < k
+            && !self.peer_failed()
+            && start.elapsed() < Duration::from_secs(5)
+        {
             if checked.elapsed() > Duration::from_millis(10) {
                 checked = std::time::Instant::now();
                 if peer_pid.is_some_and(|p| !sys::process_alive(p)) {
@@ -541,7 +564,6 @@ impl RingLink {
         m.done = true;
         Ok(())
     }
-
 }
 
 /// Sleeps on `bell` until notified or `timeout` passes, unless `still_idle`

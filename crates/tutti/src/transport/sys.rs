@@ -50,7 +50,12 @@ pub(crate) fn futex_wake_all(word: &AtomicU32) {
 ///
 /// # Safety
 /// `local` must be valid for writes of `len` bytes.
-pub(crate) unsafe fn process_read(pid: i32, remote: u64, local: *mut u8, len: usize) -> io::Result<()> {
+pub(crate) unsafe fn process_read(
+    pid: i32,
+    remote: u64,
+    local: *mut u8,
+    len: usize,
+) -> io::Result<()> {
     let mut done = 0usize;
     while done < len {
         let l = libc::iovec {
@@ -73,7 +78,10 @@ pub(crate) unsafe fn process_read(pid: i32, remote: u64, local: *mut u8, len: us
             return Err(e);
         }
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "process_vm_readv read 0 bytes"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "process_vm_readv read 0 bytes",
+            ));
         }
         done += n as usize;
     }
@@ -92,7 +100,10 @@ pub(crate) fn process_alive(pid: i32) -> bool {
     // /proc/PID/stat: "pid (comm) S ..."; the state follows the last ')'.
     match std::fs::read(format!("/proc/{pid}/stat")) {
         Ok(b) => {
-            let after = b.iter().rposition(|&c| c == b')').map_or(&b[..], |i| &b[i + 1..]);
+            let after = b
+                .iter()
+                .rposition(|&c| c == b')')
+                .map_or(&b[..], |i| &b[i + 1..]);
             let state = after.iter().find(|c| !c.is_ascii_whitespace()).copied();
             !matches!(state, Some(b'Z') | Some(b'X') | Some(b'x'))
         }

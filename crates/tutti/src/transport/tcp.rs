@@ -150,7 +150,11 @@ impl TcpLink {
             self.out_hdr.copy_from_slice(bytemuck::bytes_of(&h));
         }
         loop {
-            let hdr_left = if m.header_sent { 0 } else { HEADER_BYTES - self.out_hdr_sent };
+            let hdr_left = if m.header_sent {
+                0
+            } else {
+                HEADER_BYTES - self.out_hdr_sent
+            };
             let pay_left = m.avail - m.sent;
             if hdr_left == 0 && pay_left == 0 {
                 break;
@@ -159,7 +163,10 @@ impl TcpLink {
             // first `avail` bytes are ready and stay untouched until done.
             let payload = unsafe { std::slice::from_raw_parts(m.ptr.add(m.sent), pay_left) };
             let r = if hdr_left > 0 {
-                let bufs = [IoSlice::new(&self.out_hdr[self.out_hdr_sent..]), IoSlice::new(payload)];
+                let bufs = [
+                    IoSlice::new(&self.out_hdr[self.out_hdr_sent..]),
+                    IoSlice::new(payload),
+                ];
                 self.sock.write_vectored(&bufs)
             } else {
                 self.sock.write(payload)

@@ -47,7 +47,11 @@ pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel>
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age.as_secs() < 3600)
         };
-        if let Some(b) = path.as_ref().filter(|p| fresh(p)).and_then(|p| std::fs::read(p).ok()) {
+        if let Some(b) = path
+            .as_ref()
+            .filter(|p| fresh(p))
+            .and_then(|p| std::fs::read(p).ok())
+        {
             if serde_json::from_slice::<CostModel>(&b).is_ok() && b.len() < blob.len() - 2 {
                 blob[0] = 1;
                 blob[1] = b.len() as u8;
@@ -66,7 +70,17 @@ pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel>
     let same_host = (1..comm.size()).find(|&r| topo.host_of[r] == topo.host_of[0]);
     let other_host = (1..comm.size()).find(|&r| topo.host_of[r] != topo.host_of[0]);
     let tcp_forced = comm.config().transport == crate::config::TransportChoice::Tcp;
-    for (peer, class) in [(same_host, if tcp_forced { LinkClass::Tcp } else { LinkClass::Shm }), (other_host, LinkClass::Tcp)] {
+    for (peer, class) in [
+        (
+            same_host,
+            if tcp_forced {
+                LinkClass::Tcp
+            } else {
+                LinkClass::Shm
+            },
+        ),
+        (other_host, LinkClass::Tcp),
+    ] {
         let Some(peer) = peer else { continue };
         if let Some(mut c) = measure(comm, peer)? {
             // Keep measurements within 10x of the defaults: a wildly busy
@@ -116,7 +130,11 @@ fn measure(comm: &Communicator, peer: usize) -> Result<Option<LinkCost>> {
         };
         let xfer = |buf: &mut [u8], send: bool| -> Result<()> {
             let c = RawCall {
-                coll: if send { Collective::Send { peer: other } } else { Collective::Recv { peer: other } },
+                coll: if send {
+                    Collective::Send { peer: other }
+                } else {
+                    Collective::Recv { peer: other }
+                },
                 dtype: DataType::U8,
                 op: ReduceOp::Sum,
                 count: buf.len(),

@@ -59,9 +59,18 @@ impl Default for CostModel {
     /// memory 0.3 us / 8 GB/s, TCP over loopback 15 us / 1.8 GB/s.
     fn default() -> Self {
         CostModel {
-            local: LinkCost { alpha_us: 0.25, gbps: 10.0 },
-            shm: LinkCost { alpha_us: 0.3, gbps: 8.0 },
-            tcp: LinkCost { alpha_us: 15.0, gbps: 1.8 },
+            local: LinkCost {
+                alpha_us: 0.25,
+                gbps: 10.0,
+            },
+            shm: LinkCost {
+                alpha_us: 0.3,
+                gbps: 8.0,
+            },
+            tcp: LinkCost {
+                alpha_us: 15.0,
+                gbps: 1.8,
+            },
             reduce_gbps: 8.0,
             copy_gbps: 12.0,
             step_us: 0.05,
@@ -83,7 +92,13 @@ impl CostModel {
 /// Builds every rank's schedule of `p` (one [`Problem`] per rank derived
 /// from `p`) with `alg` and predicts its time in microseconds, or `None` if
 /// `alg` does not implement the collective.
-pub fn predict(model: &CostModel, p: &Problem, alg: Algorithm, elem: usize, class: &dyn Fn(usize, usize) -> LinkClass) -> Option<f64> {
+pub fn predict(
+    model: &CostModel,
+    p: &Problem,
+    alg: Algorithm,
+    elem: usize,
+    class: &dyn Fn(usize, usize) -> LinkClass,
+) -> Option<f64> {
     let n = p.nranks;
     let mut scheds = Vec::with_capacity(n);
     for r in 0..n {
@@ -100,12 +115,22 @@ pub fn predict(model: &CostModel, p: &Problem, alg: Algorithm, elem: usize, clas
 
 /// A cheaper estimate from `p.rank`'s schedule alone, assuming every peer is
 /// ready when this rank is (used for very large rank counts).
-pub fn predict_one(model: &CostModel, p: &Problem, alg: Algorithm, elem: usize, class: &dyn Fn(usize, usize) -> LinkClass) -> Option<f64> {
+pub fn predict_one(
+    model: &CostModel,
+    p: &Problem,
+    alg: Algorithm,
+    elem: usize,
+    class: &dyn Fn(usize, usize) -> LinkClass,
+) -> Option<f64> {
     let s = alg.build(p)?;
     let mut finish = vec![0f64; s.steps.len()];
     let mut port = 0f64;
     for (i, st) in s.steps.iter().enumerate() {
-        let ready = s.deps[i].iter().map(|&d| finish[d as usize]).fold(0.0, f64::max) + model.step_us;
+        let ready = s.deps[i]
+            .iter()
+            .map(|&d| finish[d as usize])
+            .fold(0.0, f64::max)
+            + model.step_us;
         let bytes = (st.len() * elem) as f64;
         let t = match *st {
             Step::Copy { .. } => ready + bytes / model.copy_gbps / 1e3,
@@ -144,7 +169,12 @@ struct RankSim<'a> {
     in_free: f64,
 }
 
-fn simulate(model: &CostModel, scheds: &[Schedule], elem: usize, class: &dyn Fn(usize, usize) -> LinkClass) -> f64 {
+fn simulate(
+    model: &CostModel,
+    scheds: &[Schedule],
+    elem: usize,
+    class: &dyn Fn(usize, usize) -> LinkClass,
+) -> f64 {
     let n = scheds.len();
     let mut rs: Vec<RankSim> = scheds
         .iter()
@@ -212,8 +242,13 @@ fn simulate(model: &CostModel, scheds: &[Schedule], elem: usize, class: &dyn Fn(
                 if a == b {
                     continue;
                 }
-                let (Some(&si), Some(&ri)) = (rs[a].sendq[b].front(), rs[b].recvq[a].front()) else { continue };
-                let (Some(sr), Some(rr)) = (rs[a].ready[si], rs[b].ready[ri]) else { continue };
+                let (Some(&si), Some(&ri)) = (rs[a].sendq[b].front(), rs[b].recvq[a].front())
+                else {
+                    continue;
+                };
+                let (Some(sr), Some(rr)) = (rs[a].ready[si], rs[b].ready[ri]) else {
+                    continue;
+                };
                 let sstep = rs[a].s.steps[si];
                 // A forward can leave once its own receive has started and one alpha passed.
                 let s_avail = if matches!(sstep, Step::Send { .. }) {
@@ -233,7 +268,10 @@ fn simulate(model: &CostModel, scheds: &[Schedule], elem: usize, class: &dyn Fn(
                 }
                 let shared = class(a, b) != LinkClass::Tcp;
                 let (a_port, b_port) = if shared {
-                    (rs[a].out_free.max(rs[a].in_free), rs[b].in_free.max(rs[b].out_free))
+                    (
+                        rs[a].out_free.max(rs[a].in_free),
+                        rs[b].in_free.max(rs[b].out_free),
+                    )
                 } else {
                     (rs[a].out_free, rs[b].in_free)
                 };
@@ -261,8 +299,16 @@ fn simulate(model: &CostModel, scheds: &[Schedule], elem: usize, class: &dyn Fn(
                     let st = rs[x].s.steps[i];
                     let need_recv = st.recv_peer().is_some();
                     let need_send = st.send_peer().is_some();
-                    let rf = if need_recv { rs[x].recv_fin[i] } else { Some(0.0) };
-                    let sf = if need_send { rs[x].send_fin[i] } else { Some(0.0) };
+                    let rf = if need_recv {
+                        rs[x].recv_fin[i]
+                    } else {
+                        Some(0.0)
+                    };
+                    let sf = if need_send {
+                        rs[x].send_fin[i]
+                    } else {
+                        Some(0.0)
+                    };
                     if let (Some(rf), Some(sf)) = (rf, sf) {
                         rs[x].fin[i] = Some(rf.max(sf));
                     }

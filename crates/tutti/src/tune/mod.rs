@@ -9,8 +9,8 @@ pub(crate) mod calibrate;
 pub mod cost;
 
 use crate::algo::{Algorithm, CollKind, Problem};
-pub use cost::{CostModel, LinkClass, LinkCost};
 use crate::error::{Error, Result};
+pub use cost::{CostModel, LinkClass, LinkCost};
 use std::collections::BTreeMap;
 
 /// Forced algorithms: one for every collective, and/or one per collective.
@@ -133,7 +133,12 @@ pub fn rank_algorithms(p: &Problem, elem: usize, ctx: &TuneCtx) -> Vec<(Algorith
 }
 
 /// [`rank_algorithms`] restricted to `candidates`.
-pub fn rank_among(p: &Problem, elem: usize, ctx: &TuneCtx, candidates: &[Algorithm]) -> Vec<(Algorithm, f64)> {
+pub fn rank_among(
+    p: &Problem,
+    elem: usize,
+    ctx: &TuneCtx,
+    candidates: &[Algorithm],
+) -> Vec<(Algorithm, f64)> {
     let class = |a: usize, b: usize| ctx.class(a, b);
     let mut v: Vec<(Algorithm, f64)> = candidates
         .iter()
@@ -173,16 +178,26 @@ pub(crate) fn select(
 ) -> Result<Algorithm> {
     let elem = dtype.size();
     let kind = p.coll.kind();
-    let implements = |a: Algorithm| a.build(&Problem { count: 0, ..p.clone() }).is_some();
+    let implements = |a: Algorithm| {
+        a.build(&Problem {
+            count: 0,
+            ..p.clone()
+        })
+        .is_some()
+    };
     if let Some(a) = per_call {
         if !implements(a) {
-            return Err(Error::arg(format!("algorithm {a} does not implement {kind}")));
+            return Err(Error::arg(format!(
+                "algorithm {a} does not implement {kind}"
+            )));
         }
         return Ok(a);
     }
     if let Some(a) = env.per_coll.get(&kind) {
         if !implements(*a) {
-            return Err(Error::Config(format!("TUTTI_ALGO forces {a} for {kind}, which it does not implement")));
+            return Err(Error::Config(format!(
+                "TUTTI_ALGO forces {a} for {kind}, which it does not implement"
+            )));
         }
         return Ok(*a);
     }
@@ -191,7 +206,10 @@ pub(crate) fn select(
             return Ok(a);
         }
     }
-    let reduces = matches!(kind, CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter);
+    let reduces = matches!(
+        kind,
+        CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
+    );
     if ctx.deterministic && reduces && dtype.is_float() {
         // Only the rank-order algorithms: the result then does not depend on
         // which one is picked (nor on the rank count's factorisation).
@@ -216,7 +234,9 @@ mod tests {
         assert_eq!(o.get(CollKind::AllReduce), Some(Algorithm::Tree));
         assert_eq!(o.get(CollKind::AllGather), Some(Algorithm::Ring));
         assert_eq!(o.get(CollKind::Broadcast), None);
-        let e = AlgoOverride::parse("all_reduce:bogus").unwrap_err().to_string();
+        let e = AlgoOverride::parse("all_reduce:bogus")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("valid: ring"), "{e}");
         assert!(AlgoOverride::parse("allreduc:ring").is_err());
     }
@@ -226,8 +246,16 @@ mod tests {
         for n in [2usize, 4, 8] {
             let ctx = TuneCtx::single_host(n);
             let small = choose_with(&Problem::new(Collective::AllReduce, n, 0, 2), 4, &ctx);
-            let large = choose_with(&Problem::new(Collective::AllReduce, n, 0, 64 << 20), 4, &ctx);
-            let rs = rank_algorithms(&Problem::new(Collective::AllReduce, n, 0, 64 << 20), 4, &ctx);
+            let large = choose_with(
+                &Problem::new(Collective::AllReduce, n, 0, 64 << 20),
+                4,
+                &ctx,
+            );
+            let rs = rank_algorithms(
+                &Problem::new(Collective::AllReduce, n, 0, 64 << 20),
+                4,
+                &ctx,
+            );
             eprintln!("n={n}: small {small:?} large {large:?} all {rs:?}");
             assert!(small.1 < 20.0, "small allreduce predicted {small:?}");
             assert!(large.1 > small.1);
@@ -261,9 +289,23 @@ mod tests {
         ctx.deterministic = true;
         for count in [1usize, 1000, 1 << 22] {
             let p = Problem::new(Collective::AllReduce, 4, 0, count);
-            let a = select(&p, crate::DataType::F32, None, &AlgoOverride::default(), &ctx).unwrap();
+            let a = select(
+                &p,
+                crate::DataType::F32,
+                None,
+                &AlgoOverride::default(),
+                &ctx,
+            )
+            .unwrap();
             assert!(matches!(a, Algorithm::Direct | Algorithm::TwoShot), "{a}");
-            let a = select(&p, crate::DataType::I32, None, &AlgoOverride::default(), &ctx).unwrap();
+            let a = select(
+                &p,
+                crate::DataType::I32,
+                None,
+                &AlgoOverride::default(),
+                &ctx,
+            )
+            .unwrap();
             let _ = a; // integers are exact: any algorithm
         }
     }

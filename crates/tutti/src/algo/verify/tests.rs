@@ -449,7 +449,11 @@ fn hierarchical_layouts() {
                     }
                     let want = matches!(
                         coll.kind(),
-                        CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter | CollKind::Broadcast | CollKind::Reduce
+                        CollKind::AllReduce
+                            | CollKind::AllGather
+                            | CollKind::ReduceScatter
+                            | CollKind::Broadcast
+                            | CollKind::Reduce
                     );
                     let got = verify(&ps, Algorithm::Hierarchical)
                         .unwrap_or_else(|e| panic!("hierarchical {coll:?} hosts={hosts:?} count={count} in_place={in_place}: {e}"));
@@ -466,7 +470,10 @@ fn hierarchical_layouts() {
         for p in &mut ps {
             p.hosts = Some(h.clone());
         }
-        assert!(verify(&ps, Algorithm::Hierarchical).unwrap().is_none(), "{hosts:?}");
+        assert!(
+            verify(&ps, Algorithm::Hierarchical).unwrap().is_none(),
+            "{hosts:?}"
+        );
     }
     assert!(runs > 100);
 }
