@@ -78,3 +78,11 @@ rank_test!(tcp_8, Transport::Tcp, 8, matrix);
 // TCP between them, in one job.
 rank_test!(hosts_2x2, Transport::Hosts { per_host: 2 }, 4, matrix);
 rank_test!(hosts_2x3, Transport::Hosts { per_host: 3 }, 6, matrix);
+
+// The direct-read path (a large message read straight from the sender's
+// buffer: memcpy for threads, process_vm_readv for processes) is off by
+// default; these runs force it on for every message of 64 KiB or more.
+const DIRECT: &[(&str, &str)] = &[("TUTTI_SHM_DIRECT_BYTES", "64K")];
+rank_test!(local_3_direct, Transport::Local, 3, DIRECT, matrix);
+rank_test!(shm_3_direct, Transport::Shm, 3, DIRECT, matrix);
+rank_test!(shm_4_direct, Transport::Shm, 4, DIRECT, matrix);
