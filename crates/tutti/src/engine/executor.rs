@@ -32,7 +32,8 @@ pub(crate) struct Buffers {
 pub(crate) struct Env<'a> {
     pub links: &'a mut [Option<Link>],
     pub cx: &'a mut StepCx,
-    pub deadline: Instant,
+    /// Set when the op first waits (op start + timeout, in effect).
+    pub deadline: Option<Instant>,
     pub timeout: Duration,
     pub abort: &'a AtomicBool,
     /// This rank's shared-memory doorbell, if it has ring links.
@@ -147,9 +148,11 @@ fn run(
     let mut remaining = k;
     let mut first_unstarted = 0usize;
     let mut idle = 0u32;
-    let mut idle_since = Instant::now();
+    // The clock is read only once an op has waited a while: a small op that
+    // completes within a few hundred polls never pays for it.
+    let mut idle_since: Option<Instant> = None;
     let (spin_for, yield_while_polling) = env.spin;
-    let mut last_liveness = Instant::now();
+    let mut last_liveness: Option<Instant> = None;
     let has_tcp = pad
         .peers
         .iter()
@@ -174,15 +177,22 @@ fn run(
         }
         if moved {
             idle = 0;
+            idle_since = None;
             continue;
         }
         // Poll for a while (spinning, or yielding the core when ranks
         // outnumber cores), then sleep.
         idle += 1;
-        if idle == 1 {
-            idle_since = Instant::now();
+        if idle < 256 || !idle.is_multiple_of(64) {
+            if yield_while_polling && idle > 8 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            continue;
         }
-        if !idle.is_multiple_of(64) || idle_since.elapsed() < spin_for {
+        let since = *idle_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < spin_for {
             if yield_while_polling && idle > 8 {
                 std::thread::yield_now();
             } else {
@@ -195,11 +205,12 @@ fn run(
             return Err(Error::Aborted);
         }
         let now = Instant::now();
-        if now >= env.deadline {
+        let deadline = *env.deadline.get_or_insert(now + env.timeout);
+        if now >= deadline {
             return Err(timeout_error(env, pad));
         }
-        if now.duration_since(last_liveness) > Duration::from_millis(50) {
-            last_liveness = now;
+        if last_liveness.is_none_or(|t| now.duration_since(t) > Duration::from_millis(50)) {
+            last_liveness = Some(now);
             check_liveness(env, pad)?;
             for q in pending_peers(pad) {
                 if !pad.recvq[q].is_empty() {
@@ -209,7 +220,7 @@ fn run(
                 }
             }
         }
-        let nap = (env.deadline - now).min(Duration::from_millis(20));
+        let nap = (deadline - now).min(Duration::from_millis(20));
         if has_tcp {
             let nap = if has_ring {
                 Duration::from_micros(200)

@@ -156,7 +156,7 @@ impl Core {
             redop: c.op.name(),
             algorithm: "",
             state: recorder::OpState::Running,
-            start_us: recorder::now_us(),
+            start_us: 0,
             end_us: 0,
         });
         let r = self.run_inner(c, abort);
@@ -335,7 +335,7 @@ impl Core {
             let mut env = Env {
                 links: &mut self.links,
                 cx: &mut cx,
-                deadline: Instant::now() + timeout,
+                deadline: None,
                 timeout,
                 abort,
                 // SAFETY: the doorbell lives in the segment that `bell_owner`

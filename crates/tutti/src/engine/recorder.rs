@@ -43,9 +43,10 @@ pub struct OpRecord {
     pub algorithm: String,
     /// State.
     pub state: OpState,
-    /// Start, microseconds since the Unix epoch.
+    /// Start, microseconds since the Unix epoch (recorded when the op first
+    /// had to wait; 0 if it never did).
     pub start_us: u64,
-    /// End, microseconds since the Unix epoch (0 while running).
+    /// When it failed, microseconds since the Unix epoch (0 if it did not).
     pub end_us: u64,
 }
 
@@ -119,10 +120,14 @@ impl Recorder {
         }
     }
 
+    /// Ends the newest op. Only failures are timestamped (the clock is not
+    /// read on the hot path of every small op).
     pub(crate) fn finish(&mut self, state: OpState) {
         if let Some(r) = self.ops.back_mut() {
+            if state != OpState::Done {
+                r.end_us = now_us();
+            }
             r.state = state;
-            r.end_us = now_us();
         }
     }
 
