@@ -877,9 +877,12 @@ fn rogue_clients_on_store_port_during_job() {
             assert!(f[2] < 256 << 10, "rank 0's peak RSS is {} KiB", f[2]);
         }
     }
+    // The store serves only set-up: once every rank has joined it stops, so
+    // during the job the rogue is refused at the door, which is the best
+    // outcome. Either way it must really have tried.
     assert!(
-        tally.attacks.load(Ordering::Relaxed) > 100,
-        "the rogue hardly got through"
+        tally.attacks.load(Ordering::Relaxed) + tally.refused.load(Ordering::Relaxed) > 100,
+        "the rogue hardly tried"
     );
 }
 
@@ -889,20 +892,37 @@ fn rogue_clients_on_store_port_during_job() {
 #[test]
 fn store_drops_slow_loris_clients() {
     let _s = serial();
+    // The store lives while ranks join: rank 0 waits for rank 1, which
+    // joins only after 7 s, so the slow-loris meets a running store.
     let id = UniqueId::new().unwrap();
-    let comm = Communicator::init_rank(&id, 1, 0).unwrap();
     let stop = AtomicBool::new(false);
-    let kept = slow_loris(
-        id.addr,
-        Duration::from_millis(250),
-        &stop,
-        Duration::from_secs(12),
-    );
-    println!("slow-loris kept open for {kept:?} (None: still open after 12 s)");
-    drop(comm);
+    let kept = std::thread::scope(|s| {
+        let id0 = id.clone();
+        let r0 = s.spawn(move || Communicator::init_rank(&id0, 2, 0));
+        std::thread::sleep(Duration::from_millis(200));
+        let kept = slow_loris(
+            id.addr,
+            Duration::from_millis(250),
+            &stop,
+            Duration::from_secs(6),
+        );
+        let id1 = id.clone();
+        let r1 = s.spawn(move || {
+            std::thread::sleep(Duration::from_secs(1));
+            Communicator::init_rank(&id1, 2, 1)
+        });
+        let c0 = r0
+            .join()
+            .unwrap()
+            .expect("rank 0 joins despite the slow-loris");
+        let c1 = r1.join().unwrap().expect("rank 1 joins");
+        drop((c0, c1));
+        kept
+    });
+    println!("slow-loris kept open for {kept:?} (None: still open after 6 s)");
     assert!(
-        kept.is_some_and(|d| d < Duration::from_secs(10)),
-        "the store kept an unauthenticated slow-loris connection open for {kept:?} (None: > 12 s); \
+        kept.is_some_and(|d| d < Duration::from_millis(5500)),
+        "the store kept an unauthenticated slow-loris connection open for {kept:?} (None: > 6 s); \
          it should enforce a deadline on the whole handshake, not only on each read"
     );
 }

@@ -111,9 +111,11 @@ impl FromStr for DataType {
             "i64" | "int64" => DataType::I64,
             "u32" | "uint32" => DataType::U32,
             "u64" | "uint64" => DataType::U64,
-            _ => return Err(crate::Error::arg(format!(
+            _ => {
+                return Err(crate::Error::arg(format!(
                 "unknown data type '{s}'; valid: f32, f64, f16, bf16, i8, u8, i32, i64, u32, u64"
-            ))),
+            )))
+            }
         };
         Ok(t)
     }
