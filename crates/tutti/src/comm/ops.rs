@@ -49,6 +49,22 @@ fn mptr<T>(s: &mut [T]) -> *mut u8 {
     s.as_mut_ptr() as *mut u8
 }
 
+/// A call whose send and receive buffer are one slice (in place).
+fn in_place<T: Element>(coll: Collective, op: ReduceOp, buf: &mut [T]) -> RawCall {
+    let p = mptr(buf);
+    RawCall {
+        coll,
+        dtype: T::DTYPE,
+        op,
+        count: buf.len(),
+        send: p,
+        send_len: std::mem::size_of_val(buf),
+        recv: p,
+        recv_len: std::mem::size_of_val(buf),
+        vcounts: None,
+    }
+}
+
 fn call<T: Element>(
     coll: Collective,
     op: ReduceOp,
@@ -265,19 +281,7 @@ impl Communicator {
         op: ReduceOp,
         opts: &Options,
     ) -> Result<()> {
-        let n = buf.len();
-        let p = mptr(buf);
-        let c = RawCall {
-            coll: Collective::AllReduce,
-            dtype: T::DTYPE,
-            op,
-            count: n,
-            send: p,
-            send_len: std::mem::size_of_val(buf),
-            recv: p,
-            recv_len: std::mem::size_of_val(buf),
-            vcounts: None,
-        };
+        let c = in_place(Collective::AllReduce, op, buf);
         self.blocking(c, opts)
     }
 
@@ -296,19 +300,7 @@ impl Communicator {
 
     /// Asynchronous in-place AllReduce; `wait()` returns the vector with the result.
     pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
-        let n = buf.len();
-        let p = mptr(&mut buf);
-        let c = RawCall {
-            coll: Collective::AllReduce,
-            dtype: T::DTYPE,
-            op,
-            count: n,
-            send: p,
-            send_len: std::mem::size_of_val(&buf[..]),
-            recv: p,
-            recv_len: std::mem::size_of_val(&buf[..]),
-            vcounts: None,
-        };
+        let c = in_place(Collective::AllReduce, op, &mut buf);
         self.issue(c, buf)
     }
 
@@ -316,39 +308,13 @@ impl Communicator {
 
     /// Copies the root's `buf` into every rank's `buf`.
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        let n = buf.len();
-        let p = mptr(buf);
-        self.blocking(
-            RawCall {
-                coll: Collective::Broadcast { root },
-                dtype: T::DTYPE,
-                op: ReduceOp::Sum,
-                count: n,
-                send: p,
-                send_len: std::mem::size_of_val(buf),
-                recv: p,
-                recv_len: std::mem::size_of_val(buf),
-                vcounts: None,
-            },
-            &Options::default(),
-        )
+        let c = in_place(Collective::Broadcast { root }, ReduceOp::Sum, buf);
+        self.blocking(c, &Options::default())
     }
 
     /// Asynchronous [`broadcast`](Communicator::broadcast).
     pub fn broadcast_async<T: Element>(&self, mut buf: Vec<T>, root: usize) -> Work<Vec<T>> {
-        let n = buf.len();
-        let p = mptr(&mut buf);
-        let c = RawCall {
-            coll: Collective::Broadcast { root },
-            dtype: T::DTYPE,
-            op: ReduceOp::Sum,
-            count: n,
-            send: p,
-            send_len: std::mem::size_of_val(&buf[..]),
-            recv: p,
-            recv_len: std::mem::size_of_val(&buf[..]),
-            vcounts: None,
-        };
+        let c = in_place(Collective::Broadcast { root }, ReduceOp::Sum, &mut buf);
         self.issue(c, buf)
     }
 
