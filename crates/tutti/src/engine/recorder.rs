@@ -164,8 +164,14 @@ impl Recorder {
             let _ = std::fs::create_dir_all(&dir);
             match serde_json::to_vec_pretty(&t) {
                 Ok(b) => {
-                    if let Err(e) = std::fs::write(&path, b) {
+                    // Write aside, then rename: a rank killed mid-write
+                    // leaves no half file for `analyze` to trip on.
+                    let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
+                    if let Err(e) =
+                        std::fs::write(&tmp, b).and_then(|_| std::fs::rename(&tmp, &path))
+                    {
                         tracing::error!("cannot write {}: {e}", path.display());
+                        let _ = std::fs::remove_file(&tmp);
                     }
                 }
                 Err(e) => tracing::error!("cannot serialise the flight recorder: {e}"),
@@ -188,6 +194,7 @@ pub struct Analysis {
 /// Reads every `tutti-trace-rank*.json` in `dir` and finds the rank that is behind.
 pub fn analyze(dir: &Path) -> std::io::Result<Analysis> {
     let mut traces = Vec::new();
+    let mut unreadable = Vec::new();
     for e in std::fs::read_dir(dir)? {
         let p = e?.path();
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -195,12 +202,8 @@ pub fn analyze(dir: &Path) -> std::io::Result<Analysis> {
             let b = std::fs::read(&p)?;
             match serde_json::from_slice::<Trace>(&b) {
                 Ok(t) => traces.push(t),
-                Err(e) => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!("{}: {e}", p.display()),
-                    ))
-                }
+                // A file that cannot be read counts as missing, with a note.
+                Err(e) => unreadable.push(format!("{}: {e}", p.display())),
             }
         }
     }
@@ -234,6 +237,9 @@ pub fn analyze(dir: &Path) -> std::io::Result<Analysis> {
             _ => String::new(),
         };
         lines.push(format!("rank {}: {status}{behind}", t.rank));
+    }
+    for u in &unreadable {
+        lines.push(format!("unreadable trace file (ignored): {u}"));
     }
     if !missing.is_empty() {
         lines.push(format!(
