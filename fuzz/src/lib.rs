@@ -6,7 +6,9 @@
 //! claims.
 
 use std::io::Cursor;
-use tutti::fuzzing::{parse_request, read_frame, tcp_receive, valid_header, Request, MAX_FRAME};
+use tutti::fuzzing::{
+    parse_request, probe_header, read_frame, tcp_receive, valid_header, Request, MAX_FRAME,
+};
 
 /// `data` as a store request payload, then as a stream of `[u32 len][payload]`
 /// frames, each decoded as a request.
@@ -89,6 +91,14 @@ pub fn tcp_message(data: &[u8]) {
     // send/recv marker u32::MAX), tag (u16), flags (u16: bit 0 is the shm
     // direct-read flag, bits 1.. the message's number on its link, 0 here),
     // payload length (u64).
+    // Liveness probes in front of the message are skipped by the receiver.
+    let probe = probe_header();
+    let sent = wire.clone();
+    let mut body = &wire[..];
+    while body.len() >= 16 && body[..16] == probe {
+        body = &body[16..];
+    }
+    let wire = body;
     let seq = u32::from_le_bytes(wire.get(..4).map_or([1; 4], |b| b.try_into().unwrap()));
     let flags = wire
         .get(6..8)
@@ -98,7 +108,7 @@ pub fn tcp_message(data: &[u8]) {
         && wire[4..6] == hdr[4..6]
         && flags & !1 == 0
         && wire[8..16] == hdr[8..16];
-    match tcp_receive(&wire, len, reduce) {
+    match tcp_receive(&sent, len, reduce) {
         Ok(()) => assert!(
             well_formed,
             "accepted a malformed message: {:02x?}",

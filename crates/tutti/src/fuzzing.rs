@@ -53,6 +53,11 @@ pub fn tcp_receive(bytes: &[u8], expect_len: usize, reduce: bool) -> Result<()> 
     Ok(())
 }
 
+/// The 16 bytes of a TCP liveness probe, which receivers skip.
+pub fn probe_header() -> [u8; 16] {
+    bytemuck::cast(crate::transport::tcp::NOP)
+}
+
 /// The 16-byte header a valid op-0 f32 all_reduce message of `len` bytes starts with.
 pub fn valid_header(len: usize) -> [u8; 16] {
     let h = crate::transport::Header {

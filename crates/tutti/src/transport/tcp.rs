@@ -35,10 +35,16 @@ pub(crate) struct TcpLink {
     last_probe: Instant,
 }
 
-/// `Header::flags` of a liveness probe: a header with no message, which the
-/// receiver skips. It gives the kernel unacknowledged data to time out on
-/// when the peer's host has vanished without a word.
-const FLAG_NOP: u16 = 1;
+/// A liveness probe: a header with no message, which the receiver skips. It
+/// gives the kernel unacknowledged data to time out on when the peer's host
+/// has vanished without a word. Its sequence number and tag are reserved
+/// values no message carries.
+pub const NOP: Header = Header {
+    seq: u32::MAX - 1,
+    tag: u16::MAX,
+    flags: 1,
+    len: 0,
+};
 
 /// Probe a peer that has been silent this long while we wait for it.
 const PROBE_AFTER: std::time::Duration = std::time::Duration::from_millis(300);
@@ -112,13 +118,7 @@ impl TcpLink {
 
     fn flush_probe(&mut self, cx: &StepCx) -> Result<()> {
         while self.nop_sent < HEADER_BYTES {
-            let nop = Header {
-                seq: 0,
-                tag: 0,
-                flags: FLAG_NOP,
-                len: 0,
-            };
-            match self.sock.write(&bytemuck::bytes_of(&nop)[self.nop_sent..]) {
+            match self.sock.write(&bytemuck::bytes_of(&NOP)[self.nop_sent..]) {
                 Ok(0) => return Err(self.broken(cx, io::ErrorKind::WriteZero.into())),
                 Ok(k) => self.nop_sent += k,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -209,7 +209,7 @@ impl TcpLink {
                     self.in_hdr_got += k;
                     if self.in_hdr_got == HEADER_BYTES {
                         let h: Header = bytemuck::pod_read_unaligned(&self.in_hdr);
-                        if h.flags == FLAG_NOP && h.len == 0 && h.tag == 0 {
+                        if h == NOP {
                             // A peer's liveness probe: nothing to deliver.
                             self.in_hdr_got = 0;
                             continue;
