@@ -75,11 +75,10 @@ fn resolve(b: &Buffers, l: Loc, len: usize, esz: usize) -> Result<*mut u8> {
             l.buf
         )));
     }
-    // SAFETY: start <= end <= blen, so the result stays inside the buffer
-    // (or is the buffer's own pointer when the range is empty).
     Ok(if len == 0 {
         base
     } else {
+        // SAFETY: start < end <= blen: the result stays inside the buffer.
         unsafe { base.add(start) }
     })
 }
