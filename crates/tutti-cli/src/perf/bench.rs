@@ -362,11 +362,11 @@ impl<'a, T: Val> Bench<'a, T> {
             k => vec![self.raw(collective(k, self.root), sp, sl, rp, rl)],
         };
         for c in &calls {
-            // SAFETY: every pointer comes from `self.send` / `self.recv`
-            // (or is null with length 0), valid for the lengths given, and
-            // `&mut self` keeps anything else from touching them until
-            // run_raw returns. In place, send and recv are the same buffer,
-            // which AllReduce and Broadcast allow.
+            // In place, send and recv are the same buffer, which AllReduce
+            // and Broadcast allow.
+            // SAFETY: the pointers come from `self.send`/`self.recv` (or are
+            // null with length 0), valid for the lengths given; `&mut self`
+            // keeps anything else from touching them until run_raw returns.
             unsafe { self.comm.run_raw(c, &self.opts)? };
         }
         Ok(())

@@ -185,10 +185,9 @@ impl Communicator {
                 .try_into()
                 .expect("8 bytes"),
         );
-        // SAFETY: the leader, a thread of this same process (the parent uses
-        // only the local transport), produced this pointer with
-        // Arc::into_raw, one reference per member, and each member takes
-        // exactly its own entry once.
+        // The leader is a thread of this process (the parent is local-only).
+        // SAFETY: the leader made this pointer with Arc::into_raw, one
+        // reference per member; each member takes exactly its own entry once.
         let seg: Arc<Segment> = unsafe { Arc::from_raw(raw as *const Segment) };
         let m = members.len();
         let links: Vec<Option<Link>> = (0..m)

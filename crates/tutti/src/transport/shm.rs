@@ -332,11 +332,10 @@ impl RingLink {
                 len: m.len as u64,
             };
             self.sent_msgs = self.sent_msgs.wrapping_add(1);
-            // SAFETY: [h, h+need) is free space owned by the writer (free >=
-            // need). Header and descriptor are 16 bytes each and 16-aligned
-            // (cap is a multiple of 16 and every message is padded to 16),
-            // so neither straddles the ring's end; the descriptor may wrap
-            // to the ring's start, hence its own offset.
+            // Header and descriptor are 16 bytes each and 16-aligned (cap and
+            // every message are multiples of 16), so neither straddles the
+            // ring's end; the descriptor may wrap, hence its own offset.
+            // SAFETY: [h, h+need) is free space owned by the writer (free >= need).
             unsafe {
                 let at = data.add((h % cap) as usize);
                 std::ptr::copy_nonoverlapping(bytemuck::bytes_of(&hdr).as_ptr(), at, HEADER_BYTES);

@@ -12,10 +12,10 @@ pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
-    // SAFETY: `word` is a valid, aligned 32-bit atomic for the duration of the
-    // call (it lives in a mapping the caller keeps alive); the timespec is a
-    // valid relative timeout; the unused arguments are ignored by FUTEX_WAIT.
     // Errors (EAGAIN, EINTR, ETIMEDOUT) all mean "go and look again".
+    // SAFETY: `word` is a valid, aligned atomic in a mapping the caller keeps
+    // alive; the timespec is a valid relative timeout; FUTEX_WAIT ignores the
+    // unused arguments.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
