@@ -224,9 +224,15 @@ fn algorithm_table(comm: &Communicator, dtype: DataType) -> String {
                 ("-".to_string(), None)
             } else {
                 match comm.plan(coll, count, dtype) {
-                    Ok((a, t)) => {
+                    Ok(c) => {
+                        let a = c.algorithm;
                         let star = if ov.get(kind) == Some(a) { "*" } else { "" };
-                        (format!("{a}{star}"), t.is_finite().then_some(t))
+                        let cut = if c.chunks > 1 {
+                            format!("/{}", c.chunks)
+                        } else {
+                            String::new()
+                        };
+                        (format!("{a}{cut}{star}"), c.us.is_finite().then_some(c.us))
                     }
                     Err(e) => (format!("error: {e}"), None),
                 }
@@ -250,7 +256,7 @@ fn algorithm_table(comm: &Communicator, dtype: DataType) -> String {
         *s += "\n";
     };
     let mut s = format!(
-        "\nalgorithm per collective and size ({dtype}; size as in tutti perf{})\n",
+        "\nalgorithm per collective and size ({dtype}; size as in tutti perf; /k = cut into k pipeline chunks{})\n",
         forced
             .as_ref()
             .map_or(String::new(), |v| format!("; * = forced by TUTTI_ALGO={v}"))

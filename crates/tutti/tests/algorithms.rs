@@ -78,7 +78,10 @@ fn from_env(comm: &Communicator, ctx: &Ctx) {
             p.hosts = Some(comm.topology().host_of.clone().into());
         }
         if a.build(&p).is_some() {
-            let (planned, _) = comm.plan(coll, 1000, DataType::F32).expect("plan");
+            let planned = comm
+                .plan(coll, 1000, DataType::F32)
+                .expect("plan")
+                .algorithm;
             assert_eq!(
                 planned, a,
                 "TUTTI_ALGO={spec}: {coll:?} planned with {planned}, not {a}"

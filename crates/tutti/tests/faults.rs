@@ -2314,12 +2314,12 @@ fn mismatch_header_cost() {
         ("8 B", 2, 5000),
         ("64 MiB", 16 << 20, 6),
     ] {
-        let (alg, _) = comms[0]
+        let plan = comms[0]
             .plan(Collective::AllReduce, count, DataType::F32)
             .unwrap();
-        let sched = alg
-            .build(&Problem::new(Collective::AllReduce, n, 0, count))
-            .unwrap();
+        let mut p = Problem::new(Collective::AllReduce, n, 0, count);
+        p.chunks = plan.chunks;
+        let sched = plan.algorithm.build(&p).unwrap();
         let sends: Vec<usize> = sched
             .steps
             .iter()
@@ -2354,7 +2354,8 @@ fn mismatch_header_cost() {
         let mut t0: Vec<u64> = times[0].iter().map(|d| d.as_nanos() as u64).collect();
         let med = median(&mut t0);
         println!(
-            "AllReduce {label} x {n} ranks ({alg:?}): median {:.1} us/op; rank 0 sends {} messages, {payload} payload bytes, {} header bytes ({:.4}% of payload)",
+            "AllReduce {label} x {n} ranks ({:?}): median {:.1} us/op; rank 0 sends {} messages, {payload} payload bytes, {} header bytes ({:.4}% of payload)",
+            plan.algorithm,
             med as f64 / 1000.0,
             sends.len(),
             16 * sends.len(),

@@ -104,34 +104,20 @@ pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate
 }
 
 impl Communicator {
-    /// The algorithm the tuner (or `TUTTI_ALGO`) picks for `coll` with `count`
-    /// elements of `dtype` on this communicator, with the predicted time in
-    /// microseconds (NaN when forced).
+    /// The algorithm and pipeline chunk count the tuner (or `TUTTI_ALGO`)
+    /// picks for `coll` with `count` elements of `dtype` on this
+    /// communicator, with the cost model's predicted time in microseconds.
     pub fn plan(
         &self,
         coll: crate::Collective,
         count: usize,
         dtype: crate::DataType,
-    ) -> Result<(Algorithm, f64)> {
+    ) -> Result<crate::tune::Choice> {
         let mut p = crate::algo::Problem::new(coll, self.size, self.rank, count);
         let mut ctx = tune_ctx(&self.topo, &self.config, self.ip.is_none() && self.size > 1);
         ctx.model = self.cost_model();
         p.hosts = ctx.hosts();
-        if let Some(a) = self.config.algo.get(coll.kind()) {
-            if a.build(&crate::algo::Problem {
-                count: 0,
-                ..p.clone()
-            })
-            .is_some()
-            {
-                let t = crate::tune::cost::predict(&ctx.model, &p, a, dtype.size(), &|x, y| {
-                    ctx.class(x, y)
-                })
-                .unwrap_or(f64::NAN);
-                return Ok((a, t));
-            }
-        }
-        Ok(crate::tune::choose_with(&p, dtype.size(), &ctx))
+        crate::tune::select(&p, dtype, None, &self.config.algo, &ctx)
     }
 
     /// `n` communicators for `n` threads of this process (like

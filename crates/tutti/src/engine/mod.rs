@@ -254,8 +254,14 @@ impl Core {
             self.recorder.set_algorithm(a.name());
             return Ok(s.clone());
         }
-        let alg = crate::tune::select(&key.0, c.dtype, c.algorithm, &self.config.algo, &self.tune)?;
-        let s = Arc::new(alg.build(&key.0).ok_or_else(|| {
+        let choice =
+            crate::tune::select(&key.0, c.dtype, c.algorithm, &self.config.algo, &self.tune)?;
+        let alg = choice.algorithm;
+        let built = Problem {
+            chunks: choice.chunks,
+            ..key.0.clone()
+        };
+        let s = Arc::new(alg.build(&built).ok_or_else(|| {
             Error::arg(format!(
                 "algorithm {alg} does not implement {}",
                 c.coll.kind()

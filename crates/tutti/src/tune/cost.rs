@@ -5,8 +5,10 @@
 //! reducing receive moves at most at the reduction rate; local copies and
 //! reductions cost `bytes / rate`. A step starts when its dependencies are
 //! done; a message starts when both sides have reached it and both ranks'
-//! ports are free (one port per direction for TCP, one shared port for
-//! shared memory, where the rank's own CPU does the copying). A fused step
+//! ports are free: one port per direction for TCP, where the wire is the
+//! bottleneck; for shared memory the port is the rank's CPU, which copies
+//! every byte it sends into the ring and every byte it receives out of it,
+//! one thing at a time. A fused step
 //! forwards after one `alpha`, so chains pipeline. The predicted time is the
 //! latest finish over all ranks. Because the model is a pure function of the
 //! problem, the topology and the parameters, every rank predicts the same
@@ -165,7 +167,13 @@ struct RankSim<'a> {
     fin: Vec<Option<f64>>,
     sendq: Vec<VecDeque<usize>>,
     recvq: Vec<VecDeque<usize>>,
+    /// Shared memory: messages to each peer whose send half is done, as
+    /// (step, send start, send end), waiting for the peer to drain them.
+    inflight: Vec<VecDeque<(usize, f64, f64)>>,
+    /// Shared memory: when this rank's CPU is next free. TCP: when its
+    /// outgoing port is.
     out_free: f64,
+    /// TCP: when this rank's incoming port is free.
     in_free: f64,
 }
 
@@ -199,6 +207,7 @@ fn simulate(
                 fin: vec![None; k],
                 sendq,
                 recvq,
+                inflight: vec![VecDeque::new(); n],
                 out_free: 0.0,
                 in_free: 0.0,
             }
@@ -237,83 +246,22 @@ fn simulate(
                 }
             }
         }
-        for a in 0..n {
-            for b in 0..n {
-                if a == b {
-                    continue;
-                }
-                let (Some(&si), Some(&ri)) = (rs[a].sendq[b].front(), rs[b].recvq[a].front())
-                else {
-                    continue;
-                };
-                let (Some(sr), Some(rr)) = (rs[a].ready[si], rs[b].ready[ri]) else {
-                    continue;
-                };
-                let sstep = rs[a].s.steps[si];
-                // A forward can leave once its own receive has started and one alpha passed.
-                let s_avail = if matches!(sstep, Step::Send { .. }) {
-                    sr
-                } else {
-                    match rs[a].recv_start[si] {
-                        Some(t) => t + model.link(class(a, b)).alpha_us,
-                        None => continue,
+        // Sends first: a rank's CPU starts what it can send before it
+        // turns to what it receives (the rings take the data meanwhile).
+        for pass in 0..2 {
+            for a in 0..n {
+                for b in 0..n {
+                    if a == b {
+                        continue;
                     }
-                };
-                let l = model.link(class(a, b));
-                let bytes = (sstep.len() * elem) as f64;
-                let mut bw = l.gbps;
-                let rstep = rs[b].s.steps[ri];
-                if rstep.reduces() {
-                    bw = bw.min(model.reduce_gbps);
-                }
-                let shared = class(a, b) != LinkClass::Tcp;
-                let (a_port, b_port) = if shared {
-                    (
-                        rs[a].out_free.max(rs[a].in_free),
-                        rs[b].in_free.max(rs[b].out_free),
-                    )
-                } else {
-                    (rs[a].out_free, rs[b].in_free)
-                };
-                let start = s_avail.max(rr).max(a_port).max(b_port);
-                let busy = bytes / bw / 1e3;
-                let mut end = start + l.alpha_us + busy;
-                if !matches!(sstep, Step::Send { .. }) {
-                    // The forward cannot finish before its own input has arrived.
-                    end = end.max(rs[a].recv_fin[si].unwrap_or(end) + l.alpha_us);
-                }
-                if shared {
-                    // Half the copy work on each side (sender into the ring, receiver out).
-                    rs[a].out_free = start + busy / 2.0;
-                    rs[b].in_free = start + busy / 2.0;
-                } else {
-                    rs[a].out_free = start + busy;
-                    rs[b].in_free = start + busy;
-                }
-                rs[a].sendq[b].pop_front();
-                rs[b].recvq[a].pop_front();
-                rs[a].send_fin[si] = Some(end);
-                rs[b].recv_fin[ri] = Some(end);
-                rs[b].recv_start[ri] = Some(start);
-                for (x, i) in [(a, si), (b, ri)] {
-                    let st = rs[x].s.steps[i];
-                    let need_recv = st.recv_peer().is_some();
-                    let need_send = st.send_peer().is_some();
-                    let rf = if need_recv {
-                        rs[x].recv_fin[i]
-                    } else {
-                        Some(0.0)
+                    let l = model.link(class(a, b));
+                    progress |= match (class(a, b), pass) {
+                        (LinkClass::Tcp, 0) => tcp_message(model, &mut rs, a, b, l, elem),
+                        (LinkClass::Tcp, _) => false,
+                        (_, 0) => shm_send_half(&mut rs, a, b, l, elem),
+                        _ => shm_recv_half(model, &mut rs, a, b, l, elem),
                     };
-                    let sf = if need_send {
-                        rs[x].send_fin[i]
-                    } else {
-                        Some(0.0)
-                    };
-                    if let (Some(rf), Some(sf)) = (rf, sf) {
-                        rs[x].fin[i] = Some(rf.max(sf));
-                    }
                 }
-                progress = true;
             }
         }
         if !progress {
@@ -323,4 +271,142 @@ fn simulate(
     rs.iter()
         .flat_map(|r| r.fin.iter().map(|f| f.unwrap_or(f64::INFINITY)))
         .fold(0.0, f64::max)
+}
+
+/// Marks step `i` of rank `x` finished once both of its halves are.
+fn settle(r: &mut RankSim, i: usize) {
+    let st = r.s.steps[i];
+    let rf = if st.recv_peer().is_some() {
+        r.recv_fin[i]
+    } else {
+        Some(0.0)
+    };
+    let sf = if st.send_peer().is_some() {
+        r.send_fin[i]
+    } else {
+        Some(0.0)
+    };
+    if let (Some(rf), Some(sf)) = (rf, sf) {
+        r.fin[i] = Some(rf.max(sf));
+    }
+}
+
+/// Shared memory, sending side: on one host, moving bytes is CPU work. The
+/// sender copies its message into the ring at the stream rate as soon as
+/// the step is ready (the ring decouples it from the receiver); a fused
+/// forward starts one `alpha` after its own receive did and interleaves
+/// with it, so chains pipeline, but its CPU work still adds up.
+fn shm_send_half(rs: &mut [RankSim], a: usize, b: usize, l: LinkCost, elem: usize) -> bool {
+    let Some(&si) = rs[a].sendq[b].front() else {
+        return false;
+    };
+    let Some(ready) = rs[a].ready[si] else {
+        return false;
+    };
+    let st = rs[a].s.steps[si];
+    let s_busy = (st.len() * elem) as f64 / l.gbps / 1e3;
+    let (s_start, s_end) = if matches!(st, Step::Send { .. }) {
+        let s_start = ready.max(rs[a].out_free);
+        (s_start, s_start + s_busy)
+    } else {
+        let (Some(rst), Some(rfin)) = (rs[a].recv_start[si], rs[a].recv_fin[si]) else {
+            return false;
+        };
+        let s_start = rst + l.alpha_us;
+        (s_start, (rs[a].out_free + s_busy).max(rfin + l.alpha_us))
+    };
+    rs[a].out_free = rs[a].out_free.max(s_start) + s_busy;
+    rs[a].sendq[b].pop_front();
+    rs[a].inflight[b].push_back((si, s_start, s_end));
+    rs[a].send_fin[si] = Some(s_end);
+    settle(&mut rs[a], si);
+    true
+}
+
+/// Shared memory, receiving side: the receiver drains (copies or reduces)
+/// a message once its step is ready, its CPU is free and the data has
+/// started to arrive, and cannot finish before the sender has.
+fn shm_recv_half(
+    model: &CostModel,
+    rs: &mut [RankSim],
+    a: usize,
+    b: usize,
+    l: LinkCost,
+    elem: usize,
+) -> bool {
+    let (Some(&(_, s_start, s_end)), Some(&ri)) =
+        (rs[a].inflight[b].front(), rs[b].recvq[a].front())
+    else {
+        return false;
+    };
+    let Some(ready) = rs[b].ready[ri] else {
+        return false;
+    };
+    let st = rs[b].s.steps[ri];
+    let mut bw = l.gbps;
+    if st.reduces() {
+        bw = bw.min(model.reduce_gbps);
+    }
+    let busy = (st.len() * elem) as f64 / bw / 1e3;
+    let r_start = ready.max(rs[b].out_free).max(s_start + l.alpha_us);
+    let r_end = (r_start + busy).max(s_end + l.alpha_us);
+    // The CPU works for `busy`; waiting for the sender leaves it free.
+    rs[b].out_free = r_start + busy;
+    rs[a].inflight[b].pop_front();
+    rs[b].recvq[a].pop_front();
+    rs[b].recv_start[ri] = Some(r_start);
+    rs[b].recv_fin[ri] = Some(r_end);
+    settle(&mut rs[b], ri);
+    true
+}
+
+/// A TCP message: it starts when both sides have reached it and the
+/// sender's outgoing and the receiver's incoming ports are free (the wire
+/// is the bottleneck), and a forward leaves one `alpha` after its own
+/// receive started.
+fn tcp_message(
+    model: &CostModel,
+    rs: &mut [RankSim],
+    a: usize,
+    b: usize,
+    l: LinkCost,
+    elem: usize,
+) -> bool {
+    let (Some(&si), Some(&ri)) = (rs[a].sendq[b].front(), rs[b].recvq[a].front()) else {
+        return false;
+    };
+    let (Some(sr), Some(rr)) = (rs[a].ready[si], rs[b].ready[ri]) else {
+        return false;
+    };
+    let sstep = rs[a].s.steps[si];
+    let s_avail = if matches!(sstep, Step::Send { .. }) {
+        sr
+    } else {
+        match rs[a].recv_start[si] {
+            Some(t) => t + l.alpha_us,
+            None => return false,
+        }
+    };
+    let bytes = (sstep.len() * elem) as f64;
+    let mut bw = l.gbps;
+    if rs[b].s.steps[ri].reduces() {
+        bw = bw.min(model.reduce_gbps);
+    }
+    let start = s_avail.max(rr).max(rs[a].out_free).max(rs[b].in_free);
+    let busy = bytes / bw / 1e3;
+    let mut end = start + l.alpha_us + busy;
+    if !matches!(sstep, Step::Send { .. }) {
+        // The forward cannot finish before its own input has arrived.
+        end = end.max(rs[a].recv_fin[si].unwrap_or(end) + l.alpha_us);
+    }
+    rs[a].out_free = start + busy;
+    rs[b].in_free = start + busy;
+    rs[a].sendq[b].pop_front();
+    rs[b].recvq[a].pop_front();
+    rs[a].send_fin[si] = Some(end);
+    rs[b].recv_fin[ri] = Some(end);
+    rs[b].recv_start[ri] = Some(start);
+    settle(&mut rs[a], si);
+    settle(&mut rs[b], ri);
+    true
 }

@@ -126,9 +126,83 @@ impl TuneCtx {
 /// simulating all of them.
 const SIMULATE_ALL_UP_TO: usize = 64;
 
-/// Prices every algorithm that implements `p` and returns them cheapest
-/// first, with their predicted times in microseconds.
-pub fn rank_algorithms(p: &Problem, elem: usize, ctx: &TuneCtx) -> Vec<(Algorithm, f64)> {
+/// Pipeline chunk counts the tuner tries for algorithms that cut their data
+/// into chunks (trees; see [`Problem::chunks`]).
+pub const CHUNK_CHOICES: [usize; 6] = [1, 2, 4, 8, 16, 32];
+
+/// Smallest chunk the tuner considers, bytes per rank: below it the fixed
+/// cost of a message outweighs what pipelining gains.
+const MIN_CHUNK_BYTES: usize = 16 << 10;
+
+/// One priced candidate: an algorithm, how many pipeline chunks it cuts the
+/// data into, and the cost model's predicted time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Choice {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Pipeline chunks ([`Problem::chunks`]); 1 for algorithms without.
+    pub chunks: usize,
+    /// Predicted time in microseconds (NaN when nothing priced it).
+    pub us: f64,
+}
+
+/// Predicted time of `alg` on `p` as it stands (chunks included).
+fn price(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> Option<f64> {
+    let class = |a: usize, b: usize| ctx.class(a, b);
+    if p.nranks <= SIMULATE_ALL_UP_TO {
+        cost::predict(&ctx.model, p, alg, elem, &class)
+    } else {
+        let mut q = p.clone();
+        q.rank = 0;
+        cost::predict_one(&ctx.model, &q, alg, elem, &class)
+    }
+}
+
+/// `alg` on `p` with its best chunk count from [`CHUNK_CHOICES`], or `None`
+/// if `alg` does not implement `p`'s collective.
+pub fn best_chunks(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> Option<Choice> {
+    let mut q = Problem {
+        chunks: 1,
+        ..p.clone()
+    };
+    let mut best = Choice {
+        algorithm: alg,
+        chunks: 1,
+        us: price(&q, elem, ctx, alg)?,
+    };
+    let bytes = p.count * elem;
+    if bytes < 2 * MIN_CHUNK_BYTES {
+        return Some(best);
+    }
+    // Only algorithms whose schedule changes with the chunk count.
+    let steps = |q: &Problem| alg.build(q).map(|s| s.steps.len());
+    let one = steps(&q);
+    q.chunks = 2;
+    if steps(&q) == one {
+        return Some(best);
+    }
+    for k in CHUNK_CHOICES.into_iter().skip(1) {
+        if bytes / k < MIN_CHUNK_BYTES {
+            break;
+        }
+        q.chunks = k;
+        if let Some(t) = price(&q, elem, ctx, alg) {
+            // A finer cut must win clearly: more messages, more to go wrong.
+            if t < best.us * 0.97 {
+                best = Choice {
+                    algorithm: alg,
+                    chunks: k,
+                    us: t,
+                };
+            }
+        }
+    }
+    Some(best)
+}
+
+/// Prices every algorithm that implements `p` (each with its best chunk
+/// count) and returns them cheapest first.
+pub fn rank_algorithms(p: &Problem, elem: usize, ctx: &TuneCtx) -> Vec<Choice> {
     rank_among(p, elem, ctx, &Algorithm::ALL)
 }
 
@@ -138,44 +212,41 @@ pub fn rank_among(
     elem: usize,
     ctx: &TuneCtx,
     candidates: &[Algorithm],
-) -> Vec<(Algorithm, f64)> {
-    let class = |a: usize, b: usize| ctx.class(a, b);
-    let mut v: Vec<(Algorithm, f64)> = candidates
+) -> Vec<Choice> {
+    let mut v: Vec<Choice> = candidates
         .iter()
-        .filter_map(|&a| {
-            let t = if p.nranks <= SIMULATE_ALL_UP_TO {
-                cost::predict(&ctx.model, p, a, elem, &class)?
-            } else {
-                let mut q = p.clone();
-                q.rank = 0;
-                cost::predict_one(&ctx.model, &q, a, elem, &class)?
-            };
-            Some((a, t))
-        })
+        .filter_map(|&a| best_chunks(p, elem, ctx, a))
         .collect();
     // Stable: ties keep the order of Algorithm::ALL.
-    v.sort_by(|x, y| x.1.total_cmp(&y.1));
+    v.sort_by(|x, y| x.us.total_cmp(&y.us));
     v
 }
 
-/// The algorithm the cost model picks for `p`, with its predicted time (us).
-pub fn choose_with(p: &Problem, elem: usize, ctx: &TuneCtx) -> (Algorithm, f64) {
+/// The algorithm (and chunk count) the cost model picks for `p`, with its
+/// predicted time.
+pub fn choose_with(p: &Problem, elem: usize, ctx: &TuneCtx) -> Choice {
     rank_algorithms(p, elem, ctx)
         .first()
         .copied()
-        .unwrap_or((choose(p, p.count * elem), f64::NAN))
+        .unwrap_or(Choice {
+            algorithm: choose(p, p.count * elem),
+            chunks: 1,
+            us: f64::NAN,
+        })
 }
 
 /// Picks the algorithm for `p`: the per-call choice, else `TUTTI_ALGO`, else
-/// the cost model. A forced algorithm that does not implement the collective
-/// is an error for a per-call choice and ignored for a global `TUTTI_ALGO`.
+/// the cost model; the chunk count is the cost model's best for the
+/// algorithm picked. A forced algorithm that does not implement the
+/// collective is an error for a per-call choice and ignored for a global
+/// `TUTTI_ALGO`.
 pub(crate) fn select(
     p: &Problem,
     dtype: crate::DataType,
     per_call: Option<Algorithm>,
     env: &AlgoOverride,
     ctx: &TuneCtx,
-) -> Result<Algorithm> {
+) -> Result<Choice> {
     let elem = dtype.size();
     let kind = p.coll.kind();
     let implements = |a: Algorithm| {
@@ -185,13 +256,20 @@ pub(crate) fn select(
         })
         .is_some()
     };
+    let forced = |a: Algorithm| {
+        best_chunks(p, elem, ctx, a).unwrap_or(Choice {
+            algorithm: a,
+            chunks: 1,
+            us: f64::NAN,
+        })
+    };
     if let Some(a) = per_call {
         if !implements(a) {
             return Err(Error::arg(format!(
                 "algorithm {a} does not implement {kind}"
             )));
         }
-        return Ok(a);
+        return Ok(forced(a));
     }
     if let Some(a) = env.per_coll.get(&kind) {
         if !implements(*a) {
@@ -199,11 +277,11 @@ pub(crate) fn select(
                 "TUTTI_ALGO forces {a} for {kind}, which it does not implement"
             )));
         }
-        return Ok(*a);
+        return Ok(forced(*a));
     }
     if let Some(a) = env.global {
         if implements(a) {
-            return Ok(a);
+            return Ok(forced(a));
         }
     }
     let reduces = matches!(
@@ -214,11 +292,11 @@ pub(crate) fn select(
         // Only the rank-order algorithms: the result then does not depend on
         // which one is picked (nor on the rank count's factorisation).
         let v = rank_among(p, elem, ctx, &[Algorithm::Direct, Algorithm::TwoShot]);
-        if let Some(&(a, _)) = v.first() {
-            return Ok(a);
+        if let Some(&c) = v.first() {
+            return Ok(c);
         }
     }
-    Ok(choose_with(p, elem, ctx).0)
+    Ok(choose_with(p, elem, ctx))
 }
 
 #[cfg(test)]
@@ -257,10 +335,10 @@ mod tests {
                 &ctx,
             );
             eprintln!("n={n}: small {small:?} large {large:?} all {rs:?}");
-            assert!(small.1 < 20.0, "small allreduce predicted {small:?}");
-            assert!(large.1 > small.1);
+            assert!(small.us < 20.0, "small allreduce predicted {small:?}");
+            assert!(large.us > small.us);
             // Large messages: an algorithm moving ~2(n-1)/n of the data, not direct.
-            assert_ne!(large.0, Algorithm::Direct, "n={n}");
+            assert_ne!(large.algorithm, Algorithm::Direct, "n={n}");
         }
     }
 
@@ -279,7 +357,7 @@ mod tests {
             p.hosts = ctx.hosts();
             let v = rank_algorithms(&p, 4, &ctx);
             eprintln!("{hosts}x{l}: {v:?}");
-            assert_eq!(v[0].0, Algorithm::Hierarchical, "{v:?}");
+            assert_eq!(v[0].algorithm, Algorithm::Hierarchical, "{v:?}");
         }
     }
 
@@ -296,7 +374,8 @@ mod tests {
                 &AlgoOverride::default(),
                 &ctx,
             )
-            .unwrap();
+            .unwrap()
+            .algorithm;
             assert!(matches!(a, Algorithm::Direct | Algorithm::TwoShot), "{a}");
             let a = select(
                 &p,

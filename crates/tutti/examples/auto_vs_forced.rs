@@ -1,0 +1,162 @@
+//! Auto against every forced algorithm, in one communicator: run under
+//! `tutti run -n N` (bench/auto_vs_forced.sh does). For each size, every
+//! round times Auto and then each algorithm forced per call (`Options`), so
+//! that the machine's drift and the ranks' placement on cores hit all of
+//! them alike; the table shows the median over rounds of the time per call
+//! (max over ranks), the algorithm and chunk count Auto picked, and Auto's
+//! time over the best forced one.
+//!
+//! Environment: `AVF_COLL` (all_reduce, broadcast, reduce, all_gather,
+//! reduce_scatter; default all_reduce), `AVF_MIN`/`AVF_MAX` (bytes, default
+//! 8 and 64M), `AVF_ROUNDS` (default 7), `AVF_MS` (timed milliseconds per
+//! measurement, default 20).
+
+use std::time::Instant;
+use tutti::algo::Problem;
+use tutti::{Algorithm, CollKind, Collective, Communicator, DataType, Options, RawCall, ReduceOp};
+
+fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
+}
+
+fn bytes_env(k: &str, d: usize) -> usize {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| tutti::config::parse_bytes(&v))
+        .unwrap_or(d)
+}
+
+/// Seconds per call of `iters` calls, the maximum over ranks.
+fn time(comm: &Communicator, call: &RawCall, opts: &Options, iters: usize) -> tutti::Result<f64> {
+    comm.barrier()?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        // SAFETY: the call's buffers are owned by main and untouched while it runs.
+        unsafe { comm.run_raw(call, opts)? };
+    }
+    let mut dt = [t.elapsed().as_secs_f64() / iters as f64];
+    comm.all_reduce(&mut dt, ReduceOp::Max)?;
+    Ok(dt[0])
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> tutti::Result<()> {
+    let comm = Communicator::from_env()?;
+    let n = comm.size();
+    let me = comm.rank();
+    let kind: CollKind = std::env::var("AVF_COLL")
+        .unwrap_or_else(|_| "all_reduce".into())
+        .parse()?;
+    let coll = match kind {
+        CollKind::AllReduce => Collective::AllReduce,
+        CollKind::Broadcast => Collective::Broadcast { root: 0 },
+        CollKind::Reduce => Collective::Reduce { root: 0 },
+        CollKind::AllGather => Collective::AllGather,
+        CollKind::ReduceScatter => Collective::ReduceScatter,
+        other => {
+            return Err(tutti::Error::Config(format!(
+                "AVF_COLL={other}: use all_reduce, broadcast, reduce, all_gather or reduce_scatter"
+            )))
+        }
+    };
+    let (min, max) = (bytes_env("AVF_MIN", 8), bytes_env("AVF_MAX", 64 << 20));
+    let rounds: usize = env_or("AVF_ROUNDS", 7);
+    let ms: f64 = env_or("AVF_MS", 20.0);
+    let algs: Vec<Algorithm> = Algorithm::ALL
+        .into_iter()
+        .filter(|a| {
+            let mut p = Problem::new(coll, n, me, 0);
+            if comm.topology().hosts.len() > 1 {
+                p.hosts = Some(comm.topology().host_of.clone().into());
+            }
+            a.build(&p).is_some()
+        })
+        .collect();
+    if me == 0 {
+        println!(
+            "{kind}, {n} ranks, f32 sum: median of {rounds} rounds of the time per call (us); \
+             rounds alternate Auto and the forced algorithms"
+        );
+        print!("{:>10} {:>18} {:>9}", "size", "auto picks", "auto");
+        for a in &algs {
+            print!(" {:>9}", &a.name()[..a.name().len().min(9)]);
+        }
+        println!(" {:>16} {:>9}", "best", "auto/best");
+    }
+    let mut bytes = min.max(4);
+    while bytes <= max {
+        // Per-rank element count as tutti perf counts it.
+        let total = bytes / 4;
+        let count = match kind {
+            CollKind::AllGather | CollKind::ReduceScatter => (total / n).max(1),
+            _ => total,
+        };
+        let (ilen, olen) = match kind {
+            CollKind::AllGather => (count, count * n),
+            CollKind::ReduceScatter => (count * n, count),
+            _ => (count, count),
+        };
+        let input = vec![1.0f32; ilen];
+        let mut output = vec![0.0f32; olen];
+        let call = RawCall {
+            coll,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            count,
+            send: input.as_ptr() as *const u8,
+            send_len: ilen * 4,
+            recv: output.as_mut_ptr() as *mut u8,
+            recv_len: olen * 4,
+            vcounts: None,
+        };
+        let pick = comm.plan(coll, count, DataType::F32)?;
+        let mut opts: Vec<Options> = vec![Options::default()];
+        opts.extend(algs.iter().map(|&a| Options {
+            algorithm: Some(a),
+            timeout: None,
+        }));
+        // Iterations: about `ms` of Auto, the same count for every algorithm.
+        let t1 = time(&comm, &call, &opts[0], 2)?;
+        let iters = ((ms * 1e-3 / t1.max(1e-7)) as usize).clamp(2, 200_000);
+        let mut t = vec![Vec::new(); opts.len()];
+        for _ in 0..rounds {
+            for (i, o) in opts.iter().enumerate() {
+                time(&comm, &call, o, 1)?; // warm-up (and schedule) for this choice
+                t[i].push(time(&comm, &call, o, iters)? * 1e6);
+            }
+        }
+        if me == 0 {
+            let med: Vec<f64> = t.iter_mut().map(|v| median(v)).collect();
+            let (bi, best) = med[1..]
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(i, &v)| (i, v))
+                .expect("an algorithm");
+            let cut = if pick.chunks > 1 {
+                format!("/{}", pick.chunks)
+            } else {
+                String::new()
+            };
+            print!(
+                "{:>10} {:>18} {:>9.2}",
+                bytes,
+                format!("{}{cut}", pick.algorithm),
+                med[0]
+            );
+            for v in &med[1..] {
+                print!(" {v:>9.2}");
+            }
+            println!(" {:>16} {:>9.2}", algs[bi].name(), med[0] / best);
+        }
+        bytes *= 4;
+    }
+    Ok(())
+}
