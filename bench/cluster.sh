@@ -4,7 +4,7 @@
 #
 # Usage: bench/cluster.sh [--link RATE] [--hosts H] [--rph "1 2"] [--min SIZE] [--max SIZE]
 #                         [--secs S] [--colls LIST] [--tool auto|perf|worker] [--iperf-secs S]
-#                         [--prefix NAME] [--out DIR]
+#                         [--algos LIST] [--prefix NAME] [--out DIR]
 #   --link   tbf rate of every host's link, each way (default 1gbit; "none" for no limit)
 #   --hosts  hosts in the cluster (default 2)
 #   --rph    ranks per host to run, a list (default "1 2")
@@ -15,6 +15,10 @@
 #   --tool   perf: target/release/tutti perf (built with cargo build --release -p tutti-cli);
 #            worker: the bench_worker of crates/tutti/tests/multihost.rs (built with
 #            cargo test --release --test multihost --no-run); auto (default): perf if it builds.
+#   --algos  comma list of TUTTI_ALGO values to run each collective with (default auto: the
+#            tuner decides). E.g. "auto,ring,hierarchical": the table then also gives each
+#            algorithm's time over the ring's ("x ring") — with ranks numbered host by host, the
+#            flat ring is the host-ordered one.
 #   --out    where the CSV files and the log go (default /tmp/tutti-bench/cluster.<time>)
 # Needs root. Takes the cluster down when it ends, also on failure or Ctrl-C.
 #
@@ -31,7 +35,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CLUSTER=$ROOT/scripts/cluster.sh
 LINK=1gbit HOSTS=2 RPH="1 2" MIN=1M MAX=64M SECS=1 TOOL=auto IPERF_SECS=5
 COLLS=all_reduce,broadcast,reduce,all_gather,reduce_scatter,all_to_all,gather,scatter
-PREFIX=tbench OUTDIR=""
+PREFIX=tbench OUTDIR="" ALGOS=auto
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 die() { echo "bench/cluster.sh: $*" >&2; exit 1; }
 while [ $# -gt 0 ]; do
@@ -46,6 +50,7 @@ while [ $# -gt 0 ]; do
     --tool) TOOL=${2:?}; shift ;;
     --iperf-secs) IPERF_SECS=${2:?}; shift ;;
     --prefix) PREFIX=${2:?}; shift ;;
+    --algos) ALGOS=${2:?}; shift ;;
     --out) OUTDIR=${2:?}; shift ;;
     -h | --help) usage; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
@@ -123,27 +128,31 @@ echo "iperf3,$HOSTS,$LINK,$IP1,$IP2,$IPB,$LINK_GBPS" > "$OUTDIR/iperf3.csv"
 CACHE=$OUTDIR/cache
 mkdir -p "$CACHE"
 ALL=$OUTDIR/results.csv
-echo "tool,hosts,rph,coll,nranks,size_bytes,in_place,time_us,algbw_GBps,busbw_GBps,linkbw_GBps,link_frac,wrong" > "$ALL"
+echo "tool,hosts,rph,algo,coll,nranks,size_bytes,in_place,time_us,algbw_GBps,busbw_GBps,linkbw_GBps,link_frac,wrong" > "$ALL"
 for K in $RPH; do
-  csv=$OUTDIR/tutti.${HOSTS}x$K.csv
-  echo "# $HOSTS hosts x $K ranks: ${PROG[*]}"
+ for A in ${ALGOS//,/ }; do
+  AENV=()
+  [ "$A" = auto ] || AENV=(--env "TUTTI_ALGO=$A")
+  tag=${HOSTS}x$K.$A
+  csv=$OUTDIR/tutti.$tag.csv
+  echo "# $HOSTS hosts x $K ranks, TUTTI_ALGO=$A: ${PROG[*]}"
   if [ "$TOOL" = perf ]; then
     rm -f "$csv"
     for c in ${COLLS//,/ }; do
-      "$CLUSTER" launch --prefix "$PREFIX" --ranks-per-host "$K" --timeout 900 --env XDG_CACHE_HOME="$CACHE" -- \
-        "${PROG[@]}" "$c" -b "$MIN" -e "$MAX" -f 4 -T "$SECS" -c 1 --csv "$csv.$c" > "$OUTDIR/perf.${HOSTS}x$K.$c.txt" 2>&1 ||
-        { tail -20 "$OUTDIR/perf.${HOSTS}x$K.$c.txt"; die "tutti perf $c failed on $HOSTS x $K"; }
+      "$CLUSTER" launch --prefix "$PREFIX" --ranks-per-host "$K" --timeout 900 --env XDG_CACHE_HOME="$CACHE" "${AENV[@]}" -- \
+        "${PROG[@]}" "$c" -b "$MIN" -e "$MAX" -f 4 -T "$SECS" -c 1 --csv "$csv.$c" > "$OUTDIR/perf.$tag.$c.txt" 2>&1 ||
+        { tail -20 "$OUTDIR/perf.$tag.$c.txt"; die "tutti perf $c failed on $HOSTS x $K with TUTTI_ALGO=$A"; }
       if [ -f "$csv" ]; then tail -n +2 "$csv.$c" >> "$csv"; else cp "$csv.$c" "$csv"; fi
     done
   else
-    "$CLUSTER" launch --prefix "$PREFIX" --ranks-per-host "$K" --timeout 900 --no-label --env XDG_CACHE_HOME="$CACHE" \
+    "$CLUSTER" launch --prefix "$PREFIX" --ranks-per-host "$K" --timeout 900 --no-label --env XDG_CACHE_HOME="$CACHE" "${AENV[@]}" \
       --env TUTTI_MH_ROLE=rank --env BENCH_MIN="$MIN" --env BENCH_MAX="$MAX" --env BENCH_SECS="$SECS" \
-      --env BENCH_COLLS="$COLLS" -- "${PROG[@]}" > "$OUTDIR/worker.${HOSTS}x$K.txt" 2>&1 ||
-      { tail -20 "$OUTDIR/worker.${HOSTS}x$K.txt"; die "bench worker failed on $HOSTS x $K"; }
-    grep -E '^(coll,|[a-z_]+,[0-9]+,)' "$OUTDIR/worker.${HOSTS}x$K.txt" > "$csv"
+      --env BENCH_COLLS="$COLLS" -- "${PROG[@]}" > "$OUTDIR/worker.$tag.txt" 2>&1 ||
+      { tail -20 "$OUTDIR/worker.$tag.txt"; die "bench worker failed on $HOSTS x $K with TUTTI_ALGO=$A"; }
+    grep -E '^(coll,|[a-z_]+,[0-9]+,)' "$OUTDIR/worker.$tag.txt" > "$csv"
   fi
   # columns by name, so that both tools' CSV files work
-  awk -F, -v tool="$TOOL" -v H="$HOSTS" -v K="$K" -v link="$LINK_GBPS" '
+  awk -F, -v tool="$TOOL" -v H="$HOSTS" -v K="$K" -v A="$A" -v link="$LINK_GBPS" '
     NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
     {
       c = $col["coll"]; n = $col["nranks"]; alg = $col["algbw_GBps"]
@@ -154,17 +163,27 @@ for K in $RPH; do
       lb = alg * f
       ip = ("in_place" in col) ? $col["in_place"] : 0
       wrong = ("wrong" in col) ? $col["wrong"] : ""
-      printf "%s,%d,%d,%s,%d,%d,%s,%s,%s,%s,%.4f,%.3f,%s\n", tool, H, K, c, n, $col["size_bytes"], ip, $col["time_us"], alg, $col["busbw_GBps"], lb, (link > 0 ? lb / link : 0), wrong
+      printf "%s,%d,%d,%s,%s,%d,%d,%s,%s,%s,%s,%.4f,%.3f,%s\n", tool, H, K, A, c, n, $col["size_bytes"], ip, $col["time_us"], alg, $col["busbw_GBps"], lb, (link > 0 ? lb / link : 0), wrong
     }' "$csv" >> "$ALL"
+ done
 done
 
 # ---- the table ----
 echo
 printf "link: %s tbf each way; iperf3 %.3f / %.3f Gbit/s (1 / 2 streams), %.3f Gbit/s each way with --bidir; link%% is of %s GB/s\n" "$LINK" "$IP1" "$IP2" "$IPB" "$LINK_GBPS"
-printf "%-22s %-6s %10s %11s %9s %9s %9s %6s %6s\n" collective ranks size time_us algbw busbw linkbw link% wrong
-tail -n +2 "$ALL" | awk -F, '{
-  s = $6; u = "B"; if (s >= 1048576) { s /= 1048576; u = "M" } else if (s >= 1024) { s /= 1024; u = "K" }
-  name = $4 ($7 == 1 ? " (in place)" : "")
-  printf "%-22s %-6s %9.0f%s %11.0f %9.4f %9.4f %9.4f %5.1f%% %6s\n", name, $2 "x" $3, s, u, $8, $9, $10, $11, $12 * 100, $13 }'
+printf "%-22s %-6s %-16s %10s %11s %9s %9s %9s %6s %6s %7s\n" collective ranks algo size time_us algbw busbw linkbw link% wrong "x ring"
+# "x ring": the ring's time over this row's (same collective, ranks, size, placement); above 1 is faster.
+tail -n +2 "$ALL" | awk -F, '
+  { row[NR] = $0; if ($4 == "ring") ring[$2, $3, $5, $7, $8] = $9 }
+  END {
+    for (i = 1; i <= NR; i++) {
+      split(row[i], f, ",")
+      s = f[7]; u = "B"; if (s >= 1048576) { s /= 1048576; u = "M" } else if (s >= 1024) { s /= 1024; u = "K" }
+      name = f[5] (f[8] == 1 ? " (in place)" : "")
+      k = f[2] SUBSEP f[3] SUBSEP f[5] SUBSEP f[7] SUBSEP f[8]
+      x = (k in ring && f[9] > 0) ? sprintf("%.2f", ring[k] / f[9]) : "-"
+      printf "%-22s %-6s %-16s %9.0f%s %11.0f %9.4f %9.4f %9.4f %5.1f%% %6s %7s\n", name, f[2] "x" f[3], f[4], s, u, f[9], f[10], f[11], f[12], f[13] * 100, f[14], x
+    }
+  }'
 echo
 echo "# CSV: $ALL"
