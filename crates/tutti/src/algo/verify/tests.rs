@@ -203,6 +203,11 @@ fn bytes_sent_match_the_docs() {
         sent(Collective::AllToAll, Algorithm::Pairwise).0,
         (n - 1) * c
     );
+    assert_eq!(sent(Collective::AllReduce, Algorithm::TwoShot).0, bw);
+    assert_eq!(
+        sent(Collective::ReduceScatter, Algorithm::TwoShot).0,
+        (n - 1) * c
+    );
     let root = Collective::Broadcast { root: 0 };
     assert_eq!(sent(root, Algorithm::Tree).0, 3 * c); // log2(8) children
     assert_eq!(sent(root, Algorithm::DoubleTree), (c, (n - 1) * c));
