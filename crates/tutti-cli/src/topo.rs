@@ -241,17 +241,23 @@ fn algorithm_table(comm: &Communicator, dtype: DataType) -> String {
         }
         rows.push((kind, cells));
     }
-    let w = rows
+    // Each column as wide as its widest cell (hierarchical names are long).
+    let widths: Vec<usize> = BUCKETS
         .iter()
-        .flat_map(|(_, c)| c.iter().map(|(a, _)| a.len()))
-        .chain(BUCKETS.iter().map(|&b| human_bytes(b as u64).len()))
-        .max()
-        .unwrap_or(8)
-        + 2;
+        .enumerate()
+        .map(|(i, &b)| {
+            rows.iter()
+                .flat_map(|(_, c)| [c[i].0.len(), c[i].1.len()])
+                .chain([human_bytes(b as u64).len(), 8])
+                .max()
+                .unwrap_or(8)
+                + 2
+        })
+        .collect();
     let head = |s: &mut String| {
         *s += &format!("  {:<15}", "collective");
-        for b in BUCKETS {
-            *s += &format!("{:>w$}", human_bytes(b as u64));
+        for (b, w) in BUCKETS.iter().zip(&widths) {
+            *s += &format!("{:>w$}", human_bytes(*b as u64));
         }
         *s += "\n";
     };
@@ -264,7 +270,7 @@ fn algorithm_table(comm: &Communicator, dtype: DataType) -> String {
     head(&mut s);
     for (kind, cells) in &rows {
         s += &format!("  {:<15}", kind.name());
-        for (a, _) in cells {
+        for ((a, _), w) in cells.iter().zip(&widths) {
             s += &format!("{a:>w$}");
         }
         s += "\n";
@@ -273,7 +279,7 @@ fn algorithm_table(comm: &Communicator, dtype: DataType) -> String {
     head(&mut s);
     for (kind, cells) in &rows {
         s += &format!("  {:<15}", kind.name());
-        for (_, t) in cells {
+        for ((_, t), w) in cells.iter().zip(&widths) {
             s += &format!("{t:>w$}");
         }
         s += "\n";

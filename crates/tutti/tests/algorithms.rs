@@ -8,7 +8,8 @@
 //!   and tcp processes at 3 and 4 ranks;
 //! * both, on two emulated hosts of two ranks (distinct `TUTTI_HOST_ID`s:
 //!   shared memory within a host, TCP between), where the hierarchical
-//!   algorithms apply.
+//!   algorithms apply; every hierarchical level choice per call on 2 x 2
+//!   and 3 x 2 emulated hosts, and levels in `TUTTI_ALGO` on 2 x 2.
 //!
 //! Each runs a reduced matrix: f32 with every reduction, i64 (sum, prod),
 //! f16 (sum, max) and u8 (min, avg), counts {0, 1, 7, 1009, 100_003}, every
@@ -19,7 +20,7 @@ mod common;
 use common::cases::{Mode, Runner};
 use common::{Ctx, Transport};
 use half::f16;
-use tutti::algo::Problem;
+use tutti::algo::{Levels, Problem};
 use tutti::{Algorithm, CollKind, Collective, Communicator, DataType, ReduceOp};
 
 const COUNTS: [usize; 5] = [0, 1, 7, 1009, 100_003];
@@ -49,6 +50,31 @@ fn per_call(comm: &Communicator, ctx: &Ctx) {
     }
     r.finish(&format!(
         "forced per call, {} n={}",
+        ctx.transport.name(),
+        comm.size()
+    ));
+}
+
+/// Every hierarchical level choice ([`Levels::ALL`]) in turn, forced per
+/// call, on a lighter matrix than [`reduced`] (16 variants; each builder is
+/// verified symbolically on many more layouts in `algo/verify/tests.rs`).
+fn per_call_levels(comm: &Communicator, ctx: &Ctx) {
+    use ReduceOp::*;
+    let mut r = Runner::new(comm, ctx, Mode::Default);
+    for lv in Levels::ALL {
+        let a = Algorithm::Hierarchical(lv);
+        r.mode = Mode::Forced(a);
+        for c in [0, 1, 7, 1009] {
+            r.every_collective::<f32>(c, &[Sum, Max]);
+            r.every_collective::<i64>(c, &[Prod]);
+        }
+        r.every_root::<f32>(7);
+        r.large::<f32>(Sum, 100_003);
+        r.barrier();
+        r.phase(a.name());
+    }
+    r.finish(&format!(
+        "hierarchical levels forced per call, {} n={}",
         ctx.transport.name(),
         comm.size()
     ));
@@ -109,6 +135,19 @@ rank_test!(
     Transport::Hosts { per_host: 2 },
     4,
     per_call
+);
+
+rank_test!(
+    per_call_levels_hosts_2x2,
+    Transport::Hosts { per_host: 2 },
+    4,
+    per_call_levels
+);
+rank_test!(
+    per_call_levels_hosts_3x2,
+    Transport::Hosts { per_host: 2 },
+    6,
+    per_call_levels
 );
 
 /// Runs `from_env` under `TUTTI_ALGO=spec` as `n` processes over `t`.
@@ -183,6 +222,22 @@ fn env_every_algorithm_hosts_2x2() {
         "env_every_algorithm_hosts_2x2",
         Transport::Hosts { per_host: 2 },
         4,
+    );
+}
+
+/// Per-collective hierarchical levels in `TUTTI_ALGO` (commas inside the
+/// parentheses), planned and run on two emulated hosts.
+#[test]
+fn env_levels_hosts_2x2() {
+    env_job(
+        "env_levels_hosts_2x2",
+        Transport::Hosts { per_host: 2 },
+        4,
+        "all_reduce:hierarchical(intra=ring,inter=halving_doubling),\
+         all_gather:hierarchical(intra=halving_doubling,inter=direct),\
+         reduce_scatter:hierarchical(inter=halving_doubling),\
+         broadcast:hierarchical(intra=tree,inter=direct),\
+         reduce:hierarchical(intra=direct,inter=tree),ring",
     );
 }
 

@@ -237,6 +237,22 @@ fn algo_settings() -> Vec<&'static str> {
     v
 }
 
+/// `TUTTI_ALGO` values forcing hierarchical level variants, each valid for
+/// its collective on a grid (see `algo/hierarchical.rs`); together they run
+/// every level algorithm at both levels.
+const LEVEL_SETTINGS: [&str; 2] = [
+    "all_reduce:hierarchical(inter=halving_doubling),\
+     all_gather:hierarchical(intra=direct,inter=halving_doubling),\
+     reduce_scatter:hierarchical(intra=halving_doubling,inter=halving_doubling),\
+     broadcast:hierarchical(intra=tree,inter=direct),\
+     reduce:hierarchical(intra=direct,inter=tree)",
+    "all_reduce:hierarchical(inter=direct),\
+     all_gather:hierarchical(intra=halving_doubling,inter=direct),\
+     reduce_scatter:hierarchical(inter=halving_doubling),\
+     broadcast:hierarchical(intra=direct,inter=tree),\
+     reduce:hierarchical(intra=tree,inter=direct)",
+];
+
 // ---------------------------------------------------------------------------
 // The tests
 // ---------------------------------------------------------------------------
@@ -260,7 +276,8 @@ fn four_hosts_every_collective() {
 }
 
 /// 2 hosts x 2 ranks: shared memory within a host, TCP across. Every
-/// collective, every algorithm forced; then TCP only
+/// collective, every algorithm forced, then hierarchical level variants
+/// ([`LEVEL_SETTINGS`]); then TCP only
 /// (`TUTTI_TRANSPORT=tcp`), with the interface named
 /// (`TUTTI_SOCKET_IFNAME=eth0`), and with `TUTTI_DETERMINISTIC=1`.
 #[test]
@@ -274,6 +291,9 @@ fn two_hosts_two_ranks_every_collective() {
     };
     for a in algo_settings() {
         c.launch(name, 2, &[("TUTTI_ALGO", a), ("TUTTI_MH_BIG", big_for(a))]);
+    }
+    for a in LEVEL_SETTINGS {
+        c.launch(name, 2, &[("TUTTI_ALGO", a), ("TUTTI_MH_BIG", MEDIUM)]);
     }
     for setting in [
         ("TUTTI_TRANSPORT", "tcp"),

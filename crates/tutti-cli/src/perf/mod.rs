@@ -83,7 +83,8 @@ pub(crate) struct PerfArgs {
     #[arg(short = 'o', long = "op", value_name = "OP", default_value = "sum")]
     pub op: String,
     /// Force an algorithm on every measured call (ring, tree, double_tree,
-    /// halving_doubling, direct, pairwise); auto lets the tuner (and TUTTI_ALGO) choose.
+    /// halving_doubling, direct, pairwise, two_shot, hierarchical, or
+    /// 'hierarchical(intra=A,inter=B)'); auto lets the tuner (and TUTTI_ALGO) choose.
     #[arg(
         short = 'a',
         long = "algo",
@@ -533,7 +534,10 @@ fn skip_reason(kind: CollKind, plan: &Plan, comm: &Communicator) -> Option<Strin
             CollKind::SendRecv => tutti::Collective::Send { peer: (r + 1) % n },
             k => bench::collective(k, plan.root),
         };
-        if a.build(&tutti::algo::Problem::new(coll, n, r, 0)).is_none() {
+        // The host layout matters: hierarchical builds only across hosts.
+        let mut p = tutti::algo::Problem::new(coll, n, r, 0);
+        p.hosts = comm.hosts();
+        if a.build(&p).is_none() {
             return Some(format!("algorithm {a} does not implement {kind}"));
         }
     }

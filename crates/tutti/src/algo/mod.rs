@@ -35,6 +35,9 @@ mod tree;
 mod two_shot;
 pub mod verify;
 
+#[cfg(test)]
+mod tests;
+
 use crate::error::{Error, Result};
 use std::fmt;
 use std::ops::Range;
@@ -446,7 +449,7 @@ pub struct Problem {
     /// Pipeline chunks per block (at least 1); a tuned parameter.
     pub chunks: usize,
     /// The host of every rank, when the ranks span several hosts (used by
-    /// [`Algorithm::Hierarchical`]).
+    /// [`Algorithm::Hierarchical`]; the flat algorithms ignore it).
     pub hosts: Option<std::sync::Arc<[usize]>>,
 }
 
@@ -483,12 +486,192 @@ pub enum Algorithm {
     Pairwise,
     /// Reduce-scatter then all-gather, both direct, reducing in rank order.
     TwoShot,
-    /// Within hosts over shared memory, across hosts over the network.
-    Hierarchical,
+    /// Within hosts over shared memory, across hosts over the network, with
+    /// a flat algorithm chosen for each of the two [`Levels`].
+    Hierarchical(Levels),
+}
+
+/// A flat algorithm that runs one level of [`Algorithm::Hierarchical`]:
+/// among the ranks of one host (`intra`) or among the ranks with the same
+/// local rank on every host (`inter`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Level {
+    /// [`Algorithm::Ring`].
+    Ring,
+    /// [`Algorithm::Tree`].
+    Tree,
+    /// [`Algorithm::HalvingDoubling`].
+    HalvingDoubling,
+    /// [`Algorithm::Direct`].
+    Direct,
+}
+
+impl Level {
+    /// Every level algorithm, in the order of [`Algorithm::ALL`].
+    pub const ALL: [Level; 4] = [
+        Level::Ring,
+        Level::Tree,
+        Level::HalvingDoubling,
+        Level::Direct,
+    ];
+
+    /// The flat algorithm this level runs.
+    pub const fn algorithm(self) -> Algorithm {
+        match self {
+            Level::Ring => Algorithm::Ring,
+            Level::Tree => Algorithm::Tree,
+            Level::HalvingDoubling => Algorithm::HalvingDoubling,
+            Level::Direct => Algorithm::Direct,
+        }
+    }
+
+    /// The name, as the flat algorithm's (`ring`, `halving_doubling`, ...).
+    pub const fn name(self) -> &'static str {
+        self.algorithm().name()
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Level {
+    type Err = Error;
+    /// A flat algorithm's name or alias (`hd`, `one_shot`, ...) that can run a level.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || {
+            Error::arg(format!(
+                "unknown level algorithm '{s}'; valid: {}",
+                Level::ALL.map(Level::name).join(", ")
+            ))
+        };
+        let a: Algorithm = s.parse().map_err(|_| bad())?;
+        Level::ALL
+            .into_iter()
+            .find(|l| l.algorithm() == a)
+            .ok_or_else(bad)
+    }
+}
+
+/// The per-level choice of [`Algorithm::Hierarchical`]: which flat
+/// algorithm runs within hosts and which across them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Levels {
+    /// Among the ranks of one host (a row of the grid).
+    pub intra: Level,
+    /// Among the ranks with the same local rank on every host (a column).
+    pub inter: Level,
+}
+
+impl Levels {
+    /// Rings at both levels: plain `hierarchical`.
+    pub const DEFAULT: Levels = Levels {
+        intra: Level::Ring,
+        inter: Level::Ring,
+    };
+
+    /// Every combination, [`Levels::DEFAULT`] first.
+    pub const ALL: [Levels; 16] = {
+        let mut v = [Levels::DEFAULT; 16];
+        let mut i = 0;
+        while i < 16 {
+            v[i] = Levels {
+                intra: Level::ALL[i / 4],
+                inter: Level::ALL[i % 4],
+            };
+            i += 1;
+        }
+        v
+    };
+
+    /// The algorithm's name with these levels: `hierarchical`, then
+    /// `(intra=..,inter=..)` listing the levels that are not rings.
+    pub const fn name(self) -> &'static str {
+        HIERARCHICAL_NAMES[self.intra as usize][self.inter as usize]
+    }
+}
+
+impl Default for Levels {
+    fn default() -> Self {
+        Levels::DEFAULT
+    }
+}
+
+/// [`Levels::name`], indexed by `[intra][inter]` in the order of [`Level::ALL`].
+const HIERARCHICAL_NAMES: [[&str; 4]; 4] = [
+    [
+        "hierarchical",
+        "hierarchical(inter=tree)",
+        "hierarchical(inter=halving_doubling)",
+        "hierarchical(inter=direct)",
+    ],
+    [
+        "hierarchical(intra=tree)",
+        "hierarchical(intra=tree,inter=tree)",
+        "hierarchical(intra=tree,inter=halving_doubling)",
+        "hierarchical(intra=tree,inter=direct)",
+    ],
+    [
+        "hierarchical(intra=halving_doubling)",
+        "hierarchical(intra=halving_doubling,inter=tree)",
+        "hierarchical(intra=halving_doubling,inter=halving_doubling)",
+        "hierarchical(intra=halving_doubling,inter=direct)",
+    ],
+    [
+        "hierarchical(intra=direct)",
+        "hierarchical(intra=direct,inter=tree)",
+        "hierarchical(intra=direct,inter=halving_doubling)",
+        "hierarchical(intra=direct,inter=direct)",
+    ],
+];
+
+impl FromStr for Levels {
+    type Err = Error;
+    /// `intra=A,inter=B` (either may be left out: a ring), the text between
+    /// the parentheses of `hierarchical(...)`.
+    fn from_str(s: &str) -> Result<Self> {
+        let mut l = Levels::DEFAULT;
+        let mut seen = [false; 2];
+        for part in s.split(',').map(str::trim) {
+            if part.is_empty() {
+                continue;
+            }
+            let Some((k, v)) = part.split_once('=') else {
+                return Err(Error::arg(format!(
+                    "hierarchical level '{part}' is not key=algorithm; valid keys: intra, inter"
+                )));
+            };
+            let i = match k.trim().to_ascii_lowercase().as_str() {
+                "intra" => 0,
+                "inter" => 1,
+                other => {
+                    return Err(Error::arg(format!(
+                        "unknown hierarchical level '{other}'; valid: intra, inter"
+                    )))
+                }
+            };
+            if std::mem::replace(&mut seen[i], true) {
+                return Err(Error::arg(format!(
+                    "hierarchical level '{}' given twice",
+                    k.trim()
+                )));
+            }
+            let v: Level = v.trim().parse()?;
+            if i == 0 {
+                l.intra = v;
+            } else {
+                l.inter = v;
+            }
+        }
+        Ok(l)
+    }
 }
 
 impl Algorithm {
-    /// Every algorithm.
+    /// Every algorithm, hierarchical with its default levels: one entry per
+    /// file of `algo/`.
     pub const ALL: [Algorithm; 8] = [
         Algorithm::Ring,
         Algorithm::Tree,
@@ -497,10 +680,26 @@ impl Algorithm {
         Algorithm::Direct,
         Algorithm::Pairwise,
         Algorithm::TwoShot,
-        Algorithm::Hierarchical,
+        Algorithm::Hierarchical(Levels::DEFAULT),
     ];
 
-    /// The name used in `TUTTI_ALGO` and tables.
+    /// Every algorithm with every hierarchical level choice
+    /// ([`Levels::ALL`]): what the tuner prices.
+    pub const VARIANTS: [Algorithm; 23] = {
+        let mut v = [Algorithm::Ring; 23];
+        let mut i = 0;
+        while i < 7 {
+            v[i] = Algorithm::ALL[i];
+            i += 1;
+        }
+        while i < 23 {
+            v[i] = Algorithm::Hierarchical(Levels::ALL[i - 7]);
+            i += 1;
+        }
+        v
+    };
+
+    /// The name used in `TUTTI_ALGO` and tables; [`FromStr`] parses it back.
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
@@ -510,24 +709,34 @@ impl Algorithm {
             Algorithm::Direct => "direct",
             Algorithm::Pairwise => "pairwise",
             Algorithm::TwoShot => "two_shot",
-            Algorithm::Hierarchical => "hierarchical",
+            Algorithm::Hierarchical(l) => l.name(),
         }
+    }
+
+    /// True for [`Algorithm::Hierarchical`] with any levels.
+    pub const fn is_hierarchical(self) -> bool {
+        matches!(self, Algorithm::Hierarchical(_))
     }
 
     /// Builds the schedule of `p` with this algorithm, or `None` if this
     /// algorithm does not implement that collective.
     pub fn build(self, p: &Problem) -> Option<Schedule> {
-        let steps = match self {
-            Algorithm::Ring => ring::build(p)?,
-            Algorithm::Direct => direct::build(p)?,
-            Algorithm::Tree => tree::build(p)?,
-            Algorithm::DoubleTree => double_tree::build(p)?,
-            Algorithm::HalvingDoubling => halving_doubling::build(p)?,
-            Algorithm::Pairwise => pairwise::build(p)?,
-            Algorithm::TwoShot => two_shot::build(p)?,
-            Algorithm::Hierarchical => hierarchical::build(p)?,
-        };
+        let steps = self.steps(p)?;
         Some(Schedule::new(p, steps))
+    }
+
+    /// The steps of `p`'s schedule, without dependencies.
+    fn steps(self, p: &Problem) -> Option<Vec<Step>> {
+        match self {
+            Algorithm::Ring => ring::build(p),
+            Algorithm::Direct => direct::build(p),
+            Algorithm::Tree => tree::build(p),
+            Algorithm::DoubleTree => double_tree::build(p),
+            Algorithm::HalvingDoubling => halving_doubling::build(p),
+            Algorithm::Pairwise => pairwise::build(p),
+            Algorithm::TwoShot => two_shot::build(p),
+            Algorithm::Hierarchical(l) => hierarchical::build(p, l),
+        }
     }
 }
 
@@ -539,8 +748,27 @@ impl fmt::Display for Algorithm {
 
 impl FromStr for Algorithm {
     type Err = Error;
+    /// A name or alias; hierarchical also as `hierarchical(intra=A,inter=B)`
+    /// (see [`Levels`]).
     fn from_str(s: &str) -> Result<Self> {
-        let l = s.to_ascii_lowercase().replace('-', "_");
+        let l = s.trim().to_ascii_lowercase().replace('-', "_");
+        if let Some(open) = l.find('(') {
+            let (base, rest) = l.split_at(open);
+            let Some(args) = rest[1..].strip_suffix(')') else {
+                return Err(Error::arg(format!(
+                    "algorithm '{s}': levels must end with ')'"
+                )));
+            };
+            if args.contains(['(', ')']) {
+                return Err(Error::arg(format!("algorithm '{s}': nested parentheses")));
+            }
+            return match base.trim().parse::<Algorithm>()? {
+                Algorithm::Hierarchical(_) => Ok(Algorithm::Hierarchical(args.parse()?)),
+                a => Err(Error::arg(format!(
+                    "algorithm '{s}': only hierarchical takes levels, not {a}"
+                ))),
+            };
+        }
         for a in Algorithm::ALL {
             if a.name() == l || a.name().replace('_', "") == l {
                 return Ok(a);
@@ -551,9 +779,9 @@ impl FromStr for Algorithm {
             "hd" | "rabenseifner" | "recursive_doubling" => Ok(Algorithm::HalvingDoubling),
             "one_shot" | "oneshot" => Ok(Algorithm::Direct),
             "twoshot" | "rs_ag" => Ok(Algorithm::TwoShot),
-            "hier" | "hierarchy" => Ok(Algorithm::Hierarchical),
+            "hier" | "hierarchy" => Ok(Algorithm::Hierarchical(Levels::DEFAULT)),
             _ => Err(Error::arg(format!(
-                "unknown algorithm '{s}'; valid: {}",
+                "unknown algorithm '{s}'; valid: {}, hierarchical(intra=A,inter=B)",
                 Algorithm::ALL.map(|a| a.name()).join(", ")
             ))),
         }

@@ -274,6 +274,14 @@ impl Communicator {
         self.topo.local_size(self.rank)
     }
 
+    /// The host index of every rank, as the engine puts it in every
+    /// [`Problem`](crate::algo::Problem) it schedules: `Some` only when the
+    /// ranks span several hosts (and are not threads of one process), which
+    /// is when [`Algorithm::Hierarchical`] can build.
+    pub fn hosts(&self) -> Option<std::sync::Arc<[usize]>> {
+        self.engine.with_core(|c| c.tune.hosts())
+    }
+
     /// The topology this communicator detected.
     pub fn topology(&self) -> &Topology {
         &self.topo

@@ -18,6 +18,8 @@ use std::collections::BTreeMap;
 /// Parsed from `TUTTI_ALGO`: `ring` forces the ring wherever it applies;
 /// `all_reduce:tree,all_gather:ring` forces per collective. Collectives are
 /// spelled as `tutti perf` spells them (NCCL's `allreduce` is accepted too).
+/// Hierarchical levels go in parentheses, whose commas do not separate
+/// entries: `all_reduce:hierarchical(intra=ring,inter=halving_doubling),ring`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AlgoOverride {
     /// Applies to every collective that the algorithm implements.
@@ -30,7 +32,11 @@ impl AlgoOverride {
     /// Parses the `TUTTI_ALGO` syntax; unknown names are errors listing the valid ones.
     pub fn parse(s: &str) -> Result<Self> {
         let mut o = AlgoOverride::default();
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        for part in split_top_level(s)?
+            .into_iter()
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
             match part.split_once(':') {
                 Some((c, a)) => {
                     let c: CollKind = c.trim().parse()?;
@@ -52,6 +58,32 @@ impl AlgoOverride {
     pub fn get(&self, kind: CollKind) -> Option<Algorithm> {
         self.per_coll.get(&kind).copied().or(self.global)
     }
+}
+
+/// Splits `s` at the commas outside parentheses.
+fn split_top_level(s: &str) -> Result<Vec<&str>> {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0usize, 0);
+    for (i, ch) in s.char_indices() {
+        match ch {
+            '(' => depth += 1,
+            ')' => {
+                depth = depth
+                    .checked_sub(1)
+                    .ok_or_else(|| Error::arg(format!("TUTTI_ALGO '{s}': unbalanced ')'")))?
+            }
+            ',' if depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return Err(Error::arg(format!("TUTTI_ALGO '{s}': unclosed '('")));
+    }
+    parts.push(&s[start..]);
+    Ok(parts)
 }
 
 /// A rule of thumb for `p` (of `bytes` bytes per rank) that needs no
@@ -200,10 +232,12 @@ pub fn best_chunks(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> O
     Some(best)
 }
 
-/// Prices every algorithm that implements `p` (each with its best chunk
-/// count) and returns them cheapest first.
+/// Prices every algorithm that implements `p`, hierarchical with every
+/// level choice ([`Algorithm::VARIANTS`]; those build only when `p.hosts`
+/// spans several hosts), each with its best chunk count, and returns them
+/// cheapest first.
 pub fn rank_algorithms(p: &Problem, elem: usize, ctx: &TuneCtx) -> Vec<Choice> {
-    rank_among(p, elem, ctx, &Algorithm::ALL)
+    rank_among(p, elem, ctx, &Algorithm::VARIANTS)
 }
 
 /// [`rank_algorithms`] restricted to `candidates`.
@@ -217,7 +251,8 @@ pub fn rank_among(
         .iter()
         .filter_map(|&a| best_chunks(p, elem, ctx, a))
         .collect();
-    // Stable: ties keep the order of Algorithm::ALL.
+    // Stable: ties keep the order of `candidates` (Algorithm::VARIANTS:
+    // flat first, default levels first).
     v.sort_by(|x, y| x.us.total_cmp(&y.us));
     v
 }
@@ -320,6 +355,87 @@ mod tests {
     }
 
     #[test]
+    fn parse_override_with_levels() {
+        use crate::algo::{Level, Levels};
+        let hd = Algorithm::Hierarchical(Levels {
+            intra: Level::Ring,
+            inter: Level::HalvingDoubling,
+        });
+        let o = AlgoOverride::parse(
+            "all_reduce:hierarchical(intra=ring,inter=halving_doubling), \
+             broadcast:hierarchical(intra=tree,inter=direct),ring",
+        )
+        .unwrap();
+        assert_eq!(o.get(CollKind::AllReduce), Some(hd));
+        assert_eq!(
+            o.get(CollKind::Broadcast),
+            Some(Algorithm::Hierarchical(Levels {
+                intra: Level::Tree,
+                inter: Level::Direct,
+            }))
+        );
+        assert_eq!(o.get(CollKind::AllGather), Some(Algorithm::Ring));
+        // As the global value, and the name it prints parses back.
+        let o = AlgoOverride::parse("hierarchical(inter=hd)").unwrap();
+        assert_eq!(o.global, Some(hd));
+        assert_eq!(AlgoOverride::parse(hd.name()).unwrap().global, Some(hd));
+        assert_eq!(
+            AlgoOverride::parse("hierarchical").unwrap().global,
+            Some(Algorithm::Hierarchical(Levels::DEFAULT))
+        );
+        for (bad, want) in [
+            ("all_reduce:hierarchical(inter=bogus)", "valid: ring, tree"),
+            ("all_reduce:hierarchical(inter=ring", "unclosed"),
+            ("all_reduce:hierarchical(inter=ring))", "unbalanced"),
+            ("hierarchical(outer=ring)", "valid: intra, inter"),
+            ("all_reduce:ring(inter=ring)", "only hierarchical"),
+        ] {
+            let e = AlgoOverride::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn hierarchical_variants_only_across_hosts() {
+        // One host: no hierarchical variant is priced.
+        let p = Problem::new(Collective::AllReduce, 4, 0, 1 << 20);
+        let v = rank_algorithms(&p, 4, &TuneCtx::single_host(4));
+        assert!(v.iter().all(|c| !c.algorithm.is_hierarchical()), "{v:?}");
+        // 4 hosts x 2 ranks: every AllReduce variant (intra=ring) is priced.
+        let host_of: Vec<usize> = (0..8).map(|r| r / 2).collect();
+        let ctx = TuneCtx {
+            model: CostModel::default(),
+            host_of,
+            threads: false,
+            tcp_only: false,
+            deterministic: false,
+        };
+        for count in [16usize, 1 << 20] {
+            let mut p = Problem::new(Collective::AllReduce, 8, 0, count);
+            p.hosts = ctx.hosts();
+            let v = rank_algorithms(&p, 4, &ctx);
+            let hier: Vec<Algorithm> = v
+                .iter()
+                .map(|c| c.algorithm)
+                .filter(|a| a.is_hierarchical())
+                .collect();
+            assert_eq!(hier.len(), 4, "{v:?}");
+            eprintln!("count {count}: {v:?}");
+            // Auto picks among the levels: a latency-bound inter-host step
+            // for a tiny buffer, the default rings for a large one.
+            let best = v[0].algorithm;
+            if count == 16 {
+                assert!(
+                    matches!(best, Algorithm::Hierarchical(l) if l.inter != crate::algo::Level::Ring),
+                    "{v:?}"
+                );
+            } else {
+                assert!(best.is_hierarchical(), "{v:?}");
+            }
+        }
+    }
+
+    #[test]
     fn cost_model_prefers_latency_for_small_and_bandwidth_for_large() {
         for n in [2usize, 4, 8] {
             let ctx = TuneCtx::single_host(n);
@@ -357,7 +473,7 @@ mod tests {
             p.hosts = ctx.hosts();
             let v = rank_algorithms(&p, 4, &ctx);
             eprintln!("{hosts}x{l}: {v:?}");
-            assert_eq!(v[0].algorithm, Algorithm::Hierarchical, "{v:?}");
+            assert!(v[0].algorithm.is_hierarchical(), "{v:?}");
         }
     }
 

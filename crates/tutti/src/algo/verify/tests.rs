@@ -1,7 +1,7 @@
 //! The verifier's own tests and the matrix every algorithm must pass.
 
 use super::*;
-use crate::algo::{CollKind, VCounts};
+use crate::algo::{CollKind, Level, Levels, VCounts};
 use proptest::prelude::*;
 
 /// Every collective with a count, with roots 0, n/2 and n-1.
@@ -39,7 +39,7 @@ fn implements(alg: Algorithm, k: CollKind) -> bool {
         Algorithm::Pairwise => k == AllToAll,
         Algorithm::TwoShot => matches!(k, AllReduce | ReduceScatter),
         // Needs a host layout; without one (as in the matrix) it builds nothing.
-        Algorithm::Hierarchical => false,
+        Algorithm::Hierarchical(_) => false,
     }
 }
 
@@ -425,62 +425,156 @@ proptest! {
     }
 }
 
+/// What hierarchical with `lv` implements (see `hierarchical.rs`): a
+/// collective it covers whose row and column steps both level algorithms
+/// implement.
+fn hierarchical_implements(lv: Levels, k: CollKind) -> bool {
+    use Level::*;
+    let both = |ok: &[Level]| ok.contains(&lv.intra) && ok.contains(&lv.inter);
+    match k {
+        CollKind::AllReduce => lv.intra == Ring,
+        CollKind::AllGather => both(&[Ring, HalvingDoubling, Direct]),
+        CollKind::ReduceScatter => both(&[Ring, HalvingDoubling]),
+        CollKind::Broadcast | CollKind::Reduce => both(&[Ring, Tree, Direct]),
+        _ => false,
+    }
+}
+
+/// Ranks `0..h*l` on `h` hosts of `l`, contiguous (rank r on host r / l).
+fn grid(h: usize, l: usize) -> Vec<usize> {
+    (0..h * l).map(|r| r / l).collect()
+}
+
 /// Host layouts for the hierarchical algorithms: uniform grids, contiguous
-/// and interleaved, plus layouts it must refuse (one host, ragged hosts).
+/// and interleaved, every level choice ([`Levels::ALL`]) for every
+/// collective, with counts that divide evenly and counts that do not.
 #[test]
 fn hierarchical_layouts() {
     use std::sync::Arc;
-    let layouts: Vec<Vec<usize>> = vec![
-        vec![0, 0, 1, 1],
+    let mut layouts: Vec<Vec<usize>> = [(2, 2), (2, 3), (3, 2), (4, 2), (2, 4), (3, 3), (5, 2)]
+        .into_iter()
+        .map(|(h, l)| grid(h, l))
+        .collect();
+    layouts.extend([
         vec![0, 1, 0, 1],
-        vec![0, 0, 0, 1, 1, 1],
-        vec![0, 0, 1, 1, 2, 2, 3, 3],
         vec![1, 0, 2, 0, 1, 2],
-        vec![0, 0, 0, 0, 1, 1, 1, 1],
-    ];
+        vec![0, 1, 2, 0, 1, 2, 0, 1, 2],
+        vec![2, 2, 0, 1, 1, 0],
+    ]);
     let mut runs = 0;
     for hosts in &layouts {
         let n = hosts.len();
         let h: Arc<[usize]> = hosts.clone().into();
-        for count in [0, 1, n - 1, n, n + 1, 31, 1000] {
+        let mut counts = vec![0, 1, 2, n - 1, n, n + 1, 7, 31, 97];
+        counts.sort_unstable();
+        counts.dedup();
+        for count in counts {
             for coll in colls(n) {
-                for in_place in [false, true] {
-                    if in_place && coll != Collective::AllReduce {
-                        continue;
+                for lv in Levels::ALL {
+                    let alg = Algorithm::Hierarchical(lv);
+                    let chunks: &[usize] = if lv.intra == Level::Tree || lv.inter == Level::Tree {
+                        &[1, 3]
+                    } else {
+                        &[1]
+                    };
+                    for in_place in [false, true] {
+                        if in_place && coll != Collective::AllReduce {
+                            continue;
+                        }
+                        for &chunks in chunks {
+                            let mut ps = with_chunks(problems(coll, n, count, in_place), chunks);
+                            for p in &mut ps {
+                                p.hosts = Some(h.clone());
+                            }
+                            let got = verify(&ps, alg).unwrap_or_else(|e| {
+                                panic!("{alg} {coll:?} hosts={hosts:?} count={count} in_place={in_place} chunks={chunks}: {e}")
+                            });
+                            let want = hierarchical_implements(lv, coll.kind());
+                            assert_eq!(got.is_some(), want, "{alg} {coll:?} hosts={hosts:?}");
+                            runs += usize::from(want);
+                        }
                     }
-                    let mut ps = problems(coll, n, count, in_place);
-                    for p in &mut ps {
-                        p.hosts = Some(h.clone());
-                    }
-                    let want = matches!(
-                        coll.kind(),
-                        CollKind::AllReduce
-                            | CollKind::AllGather
-                            | CollKind::ReduceScatter
-                            | CollKind::Broadcast
-                            | CollKind::Reduce
-                    );
-                    let got = verify(&ps, Algorithm::Hierarchical)
-                        .unwrap_or_else(|e| panic!("hierarchical {coll:?} hosts={hosts:?} count={count} in_place={in_place}: {e}"));
-                    assert_eq!(got.is_some(), want, "{coll:?} hosts={hosts:?}");
-                    runs += 1;
                 }
             }
         }
     }
-    // Not a grid: refuse.
+    // Not a grid: refuse, whatever the levels.
     for hosts in [vec![0, 0, 0, 0], vec![0, 0, 1], vec![0, 1, 2, 3]] {
         let h: Arc<[usize]> = hosts.clone().into();
         let mut ps = problems(Collective::AllReduce, hosts.len(), 8, false);
         for p in &mut ps {
             p.hosts = Some(h.clone());
         }
-        assert!(
-            verify(&ps, Algorithm::Hierarchical).unwrap().is_none(),
-            "{hosts:?}"
-        );
+        for lv in Levels::ALL {
+            assert!(
+                verify(&ps, Algorithm::Hierarchical(lv)).unwrap().is_none(),
+                "{hosts:?}"
+            );
+        }
     }
-    assert!(runs > 100);
+    assert!(runs > 9_000, "{runs}");
+}
+
+/// Every rank agrees on whether a variant implements a rooted collective,
+/// also when only the root's column runs the inter-host step.
+#[test]
+fn hierarchical_implements_alike_on_every_rank() {
+    use std::sync::Arc;
+    let h: Arc<[usize]> = grid(3, 2).into();
+    for lv in Levels::ALL {
+        for coll in colls(6) {
+            let built: Vec<bool> = (0..6)
+                .map(|r| {
+                    let mut p = Problem::new(coll, 6, r, 5);
+                    p.hosts = Some(h.clone());
+                    Algorithm::Hierarchical(lv).build(&p).is_some()
+                })
+                .collect();
+            assert!(
+                built.iter().all(|&b| b == built[0]),
+                "{lv:?} {coll:?}: {built:?}"
+            );
+        }
+    }
+}
+
+/// The inter-host level decides what crosses the network in AllReduce:
+/// each rank's `c/L` block, all-reduced by the chosen flat algorithm.
+#[test]
+fn hierarchical_inter_level_shapes_network_traffic() {
+    use std::sync::Arc;
+    // 4 hosts x 2 ranks, 8000 elements: each column all-reduces 4000.
+    let hosts: Arc<[usize]> = grid(4, 2).into();
+    let (n, c) = (8, 8000);
+    let cross = |inter: Level| {
+        let alg = Algorithm::Hierarchical(Levels {
+            intra: Level::Ring,
+            inter,
+        });
+        let mut max_msgs = 0;
+        let mut max_elems = 0;
+        for r in 0..n {
+            let mut p = Problem::new(Collective::AllReduce, n, r, c);
+            p.hosts = Some(hosts.clone());
+            let s = alg.build(&p).unwrap();
+            let x: Vec<usize> = s
+                .steps
+                .iter()
+                .filter_map(|st| st.send_peer().map(|q| (q, st.len())))
+                .filter(|&(q, _)| hosts[q] != hosts[r])
+                .map(|(_, l)| l)
+                .collect();
+            max_msgs = max_msgs.max(x.len());
+            max_elems = max_elems.max(x.iter().sum::<usize>());
+        }
+        (max_msgs, max_elems)
+    };
+    let b = c / 2;
+    // Ring: 2(H-1) messages of b/H; halving-doubling: 2 log2 H of the same
+    // total; direct: H-1 whole blocks.
+    assert_eq!(cross(Level::Ring), (6, 2 * 3 * b / 4));
+    assert_eq!(cross(Level::HalvingDoubling), (4, 2 * 3 * b / 4));
+    assert_eq!(cross(Level::Direct), (3, 3 * b));
 }
 
 /// Hierarchical AllReduce sends less across hosts than a flat ring laid
@@ -505,7 +599,10 @@ fn hierarchical_saves_network_bytes() {
         }
         total
     };
-    let (flat, hier) = (cross(Algorithm::Ring), cross(Algorithm::Hierarchical));
+    let (flat, hier) = (
+        cross(Algorithm::Ring),
+        cross(Algorithm::Hierarchical(Levels::DEFAULT)),
+    );
     // Ring over ranks 0..8 crosses twice per direction pass; hierarchical
     // sends 2(H-1)/H * S per host = S per host.
     assert_eq!(hier, 2 * 8000);

@@ -1,0 +1,95 @@
+//! Names and parsing of algorithms and hierarchical levels.
+
+use super::*;
+
+fn hier(intra: Level, inter: Level) -> Algorithm {
+    Algorithm::Hierarchical(Levels { intra, inter })
+}
+
+#[test]
+fn every_name_parses_back() {
+    for a in Algorithm::VARIANTS {
+        assert_eq!(a.name().parse::<Algorithm>().unwrap(), a, "{a}");
+        assert_eq!(a.to_string(), a.name());
+    }
+    for lv in Levels::ALL {
+        // Unique names, and the full form (both keys) parses to the same.
+        let full = format!("hierarchical(intra={},inter={})", lv.intra, lv.inter);
+        assert_eq!(
+            full.parse::<Algorithm>().unwrap(),
+            Algorithm::Hierarchical(lv)
+        );
+    }
+    let mut names: Vec<&str> = Algorithm::VARIANTS.iter().map(|a| a.name()).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), Algorithm::VARIANTS.len());
+    assert_eq!(Levels::ALL[0], Levels::DEFAULT);
+    assert_eq!(Algorithm::ALL[7], Algorithm::Hierarchical(Levels::DEFAULT));
+}
+
+#[test]
+fn parses_hierarchical_levels() {
+    use Level::*;
+    let p = |s: &str| s.parse::<Algorithm>().unwrap();
+    assert_eq!(p("hierarchical"), hier(Ring, Ring));
+    assert_eq!(p("hierarchical()"), hier(Ring, Ring));
+    assert_eq!(p("hier"), hier(Ring, Ring));
+    assert_eq!(
+        p("hierarchical(intra=ring,inter=halving_doubling)"),
+        hier(Ring, HalvingDoubling)
+    );
+    assert_eq!(
+        p("hierarchical(inter=halving_doubling)"),
+        hier(Ring, HalvingDoubling)
+    );
+    assert_eq!(
+        p(" Hierarchical( inter = HD , intra=tree ) "),
+        hier(Tree, HalvingDoubling)
+    );
+    assert_eq!(p("hier(inter=one_shot)"), hier(Ring, Direct));
+    assert_eq!(p("hierarchical(intra=direct)"), hier(Direct, Ring));
+    assert_eq!(
+        p("hierarchical(inter=halving-doubling)"),
+        hier(Ring, HalvingDoubling)
+    );
+    assert_eq!(
+        p("hierarchical(intra=direct,inter=direct)").name(),
+        "hierarchical(intra=direct,inter=direct)"
+    );
+    assert_eq!(
+        p("hierarchical(intra=ring,inter=ring)").name(),
+        "hierarchical"
+    );
+}
+
+#[test]
+fn rejects_bad_levels() {
+    let e = |s: &str| s.parse::<Algorithm>().unwrap_err().to_string();
+    let msg = e("hierarchical(inter=bogus)");
+    assert!(
+        msg.contains("'bogus'") && msg.contains("valid: ring, tree, halving_doubling, direct"),
+        "{msg}"
+    );
+    // Flat algorithms that cannot run a level are refused like unknown ones.
+    for bad in ["pairwise", "double_tree", "two_shot", "hierarchical"] {
+        let msg = e(&format!("hierarchical(intra={bad})"));
+        assert!(msg.contains("valid: ring, tree"), "{bad}: {msg}");
+    }
+    let msg = e("hierarchical(across=ring)");
+    assert!(msg.contains("valid: intra, inter"), "{msg}");
+    let msg = e("hierarchical(ring)");
+    assert!(msg.contains("key=algorithm"), "{msg}");
+    let msg = e("hierarchical(inter=ring,inter=direct)");
+    assert!(msg.contains("twice"), "{msg}");
+    let msg = e("hierarchical(inter=ring");
+    assert!(msg.contains("')'"), "{msg}");
+    let msg = e("hierarchical(inter=hierarchical(inter=ring))");
+    assert!(msg.contains("nested"), "{msg}");
+    let msg = e("ring(inter=ring)");
+    assert!(msg.contains("only hierarchical takes levels"), "{msg}");
+    let msg = e("hierarchicl(inter=ring)");
+    assert!(msg.contains("unknown algorithm"), "{msg}");
+    let msg = e("bogus");
+    assert!(msg.contains("hierarchical(intra=A,inter=B)"), "{msg}");
+}
