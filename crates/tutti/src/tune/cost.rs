@@ -112,7 +112,7 @@ pub fn predict(
         }
         scheds.push(alg.build(&q)?);
     }
-    Some(simulate(model, &scheds, elem, class))
+    Some(simulate(model, &scheds, elem, class, p.hosts.as_deref()))
 }
 
 /// A cheaper estimate from `p.rank`'s schedule alone, assuming every peer is
@@ -170,10 +170,10 @@ struct RankSim<'a> {
     /// Shared memory: messages to each peer whose send half is done, as
     /// (step, send start, send end), waiting for the peer to drain them.
     inflight: Vec<VecDeque<(usize, f64, f64)>>,
-    /// Shared memory: when this rank's CPU is next free. TCP: when its
-    /// outgoing port is.
+    /// Shared memory: when this rank's CPU is next free.
+    cpu_free: f64,
+    /// TCP: when this rank's outgoing and incoming ports are next free.
     out_free: f64,
-    /// TCP: when this rank's incoming port is free.
     in_free: f64,
 }
 
@@ -182,8 +182,16 @@ fn simulate(
     scheds: &[Schedule],
     elem: usize,
     class: &dyn Fn(usize, usize) -> LinkClass,
+    hosts: Option<&[usize]>,
 ) -> f64 {
     let n = scheds.len();
+    // Every host's network link, each way: the ranks of a host share it.
+    let nhosts = hosts.map_or(0, |h| h.iter().copied().max().map_or(0, |m| m + 1));
+    let mut nic = Nics {
+        host_of: hosts.unwrap_or(&[]),
+        out_free: vec![0.0; nhosts],
+        in_free: vec![0.0; nhosts],
+    };
     let mut rs: Vec<RankSim> = scheds
         .iter()
         .map(|s| {
@@ -208,6 +216,7 @@ fn simulate(
                 sendq,
                 recvq,
                 inflight: vec![VecDeque::new(); n],
+                cpu_free: 0.0,
                 out_free: 0.0,
                 in_free: 0.0,
             }
@@ -256,7 +265,7 @@ fn simulate(
                     }
                     let l = model.link(class(a, b));
                     progress |= match (class(a, b), pass) {
-                        (LinkClass::Tcp, 0) => tcp_message(model, &mut rs, a, b, l, elem),
+                        (LinkClass::Tcp, 0) => tcp_message(model, &mut rs, &mut nic, a, b, l, elem),
                         (LinkClass::Tcp, _) => false,
                         (_, 0) => shm_send_half(&mut rs, a, b, l, elem),
                         _ => shm_recv_half(model, &mut rs, a, b, l, elem),
@@ -306,16 +315,16 @@ fn shm_send_half(rs: &mut [RankSim], a: usize, b: usize, l: LinkCost, elem: usiz
     let st = rs[a].s.steps[si];
     let s_busy = (st.len() * elem) as f64 / l.gbps / 1e3;
     let (s_start, s_end) = if matches!(st, Step::Send { .. }) {
-        let s_start = ready.max(rs[a].out_free);
+        let s_start = ready.max(rs[a].cpu_free);
         (s_start, s_start + s_busy)
     } else {
         let (Some(rst), Some(rfin)) = (rs[a].recv_start[si], rs[a].recv_fin[si]) else {
             return false;
         };
         let s_start = rst + l.alpha_us;
-        (s_start, (rs[a].out_free + s_busy).max(rfin + l.alpha_us))
+        (s_start, (rs[a].cpu_free + s_busy).max(rfin + l.alpha_us))
     };
-    rs[a].out_free = rs[a].out_free.max(s_start) + s_busy;
+    rs[a].cpu_free = rs[a].cpu_free.max(s_start) + s_busy;
     rs[a].sendq[b].pop_front();
     rs[a].inflight[b].push_back((si, s_start, s_end));
     rs[a].send_fin[si] = Some(s_end);
@@ -348,10 +357,10 @@ fn shm_recv_half(
         bw = bw.min(model.reduce_gbps);
     }
     let busy = (st.len() * elem) as f64 / bw / 1e3;
-    let r_start = ready.max(rs[b].out_free).max(s_start + l.alpha_us);
+    let r_start = ready.max(rs[b].cpu_free).max(s_start + l.alpha_us);
     let r_end = (r_start + busy).max(s_end + l.alpha_us);
     // The CPU works for `busy`; waiting for the sender leaves it free.
-    rs[b].out_free = r_start + busy;
+    rs[b].cpu_free = r_start + busy;
     rs[a].inflight[b].pop_front();
     rs[b].recvq[a].pop_front();
     rs[b].recv_start[ri] = Some(r_start);
@@ -360,13 +369,31 @@ fn shm_recv_half(
     true
 }
 
+/// The network links of the hosts (when ranks span several).
+struct Nics<'a> {
+    host_of: &'a [usize],
+    /// When each host's outgoing and incoming link is next free.
+    out_free: Vec<f64>,
+    in_free: Vec<f64>,
+}
+
+impl Nics<'_> {
+    /// The hosts of `a` and `b` if they differ (the message crosses the network).
+    fn crossing(&self, a: usize, b: usize) -> Option<(usize, usize)> {
+        let (ha, hb) = (*self.host_of.get(a)?, *self.host_of.get(b)?);
+        (ha != hb).then_some((ha, hb))
+    }
+}
+
 /// A TCP message: it starts when both sides have reached it and the
 /// sender's outgoing and the receiver's incoming ports are free (the wire
-/// is the bottleneck), and a forward leaves one `alpha` after its own
+/// is the bottleneck) — between hosts, the ports of the hosts' links, which
+/// all their ranks share — and a forward leaves one `alpha` after its own
 /// receive started.
 fn tcp_message(
     model: &CostModel,
     rs: &mut [RankSim],
+    nic: &mut Nics,
     a: usize,
     b: usize,
     l: LinkCost,
@@ -392,7 +419,11 @@ fn tcp_message(
     if rs[b].s.steps[ri].reduces() {
         bw = bw.min(model.reduce_gbps);
     }
-    let start = s_avail.max(rr).max(rs[a].out_free).max(rs[b].in_free);
+    let cross = nic.crossing(a, b);
+    let mut start = s_avail.max(rr).max(rs[a].out_free).max(rs[b].in_free);
+    if let Some((ha, hb)) = cross {
+        start = start.max(nic.out_free[ha]).max(nic.in_free[hb]);
+    }
     let busy = bytes / bw / 1e3;
     let mut end = start + l.alpha_us + busy;
     if !matches!(sstep, Step::Send { .. }) {
@@ -401,6 +432,10 @@ fn tcp_message(
     }
     rs[a].out_free = start + busy;
     rs[b].in_free = start + busy;
+    if let Some((ha, hb)) = cross {
+        nic.out_free[ha] = start + busy;
+        nic.in_free[hb] = start + busy;
+    }
     rs[a].sendq[b].pop_front();
     rs[b].recvq[a].pop_front();
     rs[a].send_fin[si] = Some(end);
