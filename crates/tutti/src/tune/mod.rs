@@ -401,10 +401,17 @@ mod tests {
         let p = Problem::new(Collective::AllReduce, 4, 0, 1 << 20);
         let v = rank_algorithms(&p, 4, &TuneCtx::single_host(4));
         assert!(v.iter().all(|c| !c.algorithm.is_hierarchical()), "{v:?}");
-        // 4 hosts x 2 ranks: every AllReduce variant (intra=ring) is priced.
+        // 4 hosts x 2 ranks on 1 Gbit/s links: every AllReduce variant
+        // (intra=ring) is priced.
         let host_of: Vec<usize> = (0..8).map(|r| r / 2).collect();
         let ctx = TuneCtx {
-            model: CostModel::default(),
+            model: CostModel {
+                tcp: LinkCost {
+                    alpha_us: 30.0,
+                    gbps: 0.12,
+                },
+                ..CostModel::default()
+            },
             host_of,
             threads: false,
             tcp_only: false,
