@@ -123,7 +123,8 @@ fn main() -> tutti::Result<()> {
             timeout: None,
         }));
         // Iterations: about `ms` of Auto, the same count for every algorithm.
-        let t1 = time(&comm, &call, &opts[0], 2)?;
+        time(&comm, &call, &opts[0], 5)?; // schedules, page faults
+        let t1 = time(&comm, &call, &opts[0], 20)?;
         let iters = ((ms * 1e-3 / t1.max(1e-7)) as usize).clamp(2, 200_000);
         let mut t = vec![Vec::new(); opts.len()];
         for _ in 0..rounds {
