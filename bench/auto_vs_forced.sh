@@ -12,4 +12,4 @@ N=${1:-2}
 export AVF_COLL=${2:-all_reduce} AVF_MIN=${3:-8} AVF_MAX=${4:-64M}
 cd "$(git rev-parse --show-toplevel)"
 cargo build --release -q -p tutti-cli -p tutti --example auto_vs_forced
-target/release/tutti run -n "$N" -- target/release/examples/auto_vs_forced 2>&1 | sed -e 's/^\[rank 0\] //'
+target/release/tutti run --bind core -n "$N" -- target/release/examples/auto_vs_forced 2>&1 | sed -e 's/^\[rank 0\] //'

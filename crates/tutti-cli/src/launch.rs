@@ -43,6 +43,11 @@ pub(crate) struct RunArgs {
     /// Seconds between SIGTERM and SIGKILL when stopping ranks.
     #[arg(long, value_name = "SECS", default_value_t = 2.0)]
     pub grace: f64,
+    /// CPU binding: `none` (default), or `core`: rank r gets its own slice of
+    /// the CPUs this process may use (cores / N each; with more ranks than
+    /// cores, core r mod cores), like mpirun's --bind-to core.
+    #[arg(long, value_name = "HOW", default_value = "none", value_parser = ["none", "core"])]
+    pub bind: String,
     /// The program to run and its arguments (put `--` before them if they start with `-`).
     #[arg(
         required = true,
@@ -69,6 +74,7 @@ pub(crate) fn main(a: RunArgs) -> Result<i32, String> {
         rank0_direct: false,
         grace: Duration::from_secs_f64(a.grace),
         master_port: a.master_port,
+        bind: a.bind == "core",
     };
     run(&job).map_err(|e| format!("run: {e}"))
 }
@@ -92,6 +98,41 @@ pub(crate) struct Job {
     pub grace: Duration,
     /// Master port; `None` picks a free one.
     pub master_port: Option<u16>,
+    /// Bind each rank to its own slice of the allowed CPUs ([`cpu_slices`]).
+    pub bind: bool,
+}
+
+/// The CPUs this process may run on, ascending.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity fills it
+    // (size given) and the CPU_ISSET reads stay within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// For `n` ranks over `cpus`: rank r's slice, `cpus.len() / n` CPUs each
+/// (the leftovers unused), or one CPU, `r mod len`, with more ranks than CPUs.
+pub(crate) fn cpu_slices(cpus: &[usize], n: usize) -> Vec<Vec<usize>> {
+    if cpus.is_empty() {
+        return vec![Vec::new(); n];
+    }
+    let k = (cpus.len() / n.max(1)).max(1);
+    (0..n)
+        .map(|r| {
+            if n > cpus.len() {
+                vec![cpus[r % cpus.len()]]
+            } else {
+                cpus[r * k..(r + 1) * k].to_vec()
+            }
+        })
+        .collect()
 }
 
 /// Environment variables that mean "this process is a rank started by a launcher".
@@ -135,6 +176,9 @@ pub(crate) fn relaunch_self(nranks: usize, extra: &str) -> Result<i32, String> {
         rank0_direct: true,
         grace: Duration::from_secs(2),
         master_port: None,
+        // Benchmarks bind, as mpirun does: placement then does not change
+        // from run to run (TUTTI_BIND=none turns it off).
+        bind: std::env::var("TUTTI_BIND").map_or(true, |v| v != "none"),
     };
     run(&job).map_err(|e| e.to_string())
 }
@@ -287,7 +331,22 @@ pub(crate) fn run(job: &Job) -> io::Result<i32> {
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut readers = 0usize;
     let mut ranks: Vec<Rank> = Vec::with_capacity(n);
+    let slices = if job.bind {
+        cpu_slices(&allowed_cpus(), n)
+    } else {
+        vec![Vec::new(); n]
+    };
     for r in 0..n {
+        // Built here, before fork: the child only makes the system call.
+        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it
+        // for CPU numbers below CPU_SETSIZE (they come from sched_getaffinity).
+        let cpuset = (!slices[r].is_empty()).then(|| unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            for &c in &slices[r] {
+                libc::CPU_SET(c, &mut set);
+            }
+            set
+        });
         let mut cmd = Command::new(&job.program);
         cmd.args(&job.args)
             .envs(rank_env(r, n, port, &token))
@@ -298,9 +357,16 @@ pub(crate) fn run(job: &Job) -> io::Result<i32> {
         }
         cmd.process_group(0);
         // SAFETY: the closure runs in the child between fork and exec and
-        // only calls prctl and getppid, which are async-signal-safe.
+        // only calls sched_setaffinity, prctl and getppid, which are
+        // async-signal-safe system calls.
         unsafe {
             cmd.pre_exec(move || {
+                if let Some(set) = &cpuset {
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) != 0 {
                     return Err(io::Error::last_os_error());
                 }
@@ -550,5 +616,25 @@ mod tests {
         assert_eq!(get("WORLD_SIZE"), Some("3"));
         assert_eq!(get("TUTTI_MASTER_PORT"), Some("4242"));
         assert_eq!(get("MASTER_ADDR"), Some("127.0.0.1"));
+    }
+}
+
+#[cfg(test)]
+mod bind_tests {
+    use super::cpu_slices;
+
+    #[test]
+    fn slices_split_the_cpus_and_wrap_when_oversubscribed() {
+        let cpus = [0, 1, 2, 3, 4, 5, 6, 7];
+        assert_eq!(
+            cpu_slices(&cpus, 2),
+            vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]
+        );
+        assert_eq!(cpu_slices(&cpus, 3)[2], vec![4, 5]);
+        assert_eq!(
+            cpu_slices(&[2, 5], 4),
+            vec![vec![2], vec![5], vec![2], vec![5]]
+        );
+        assert_eq!(cpu_slices(&[], 2), vec![Vec::<usize>::new(); 2]);
     }
 }
