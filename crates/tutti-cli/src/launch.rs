@@ -336,13 +336,13 @@ pub(crate) fn run(job: &Job) -> io::Result<i32> {
     } else {
         vec![Vec::new(); n]
     };
-    for r in 0..n {
+    for (r, slice) in slices.iter().enumerate() {
         // Built here, before fork: the child only makes the system call.
         // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it
         // for CPU numbers below CPU_SETSIZE (they come from sched_getaffinity).
-        let cpuset = (!slices[r].is_empty()).then(|| unsafe {
+        let cpuset = (!slice.is_empty()).then(|| unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
-            for &c in &slices[r] {
+            for &c in slice {
                 libc::CPU_SET(c, &mut set);
             }
             set
