@@ -8,8 +8,11 @@
 //! ports are free: one port per direction for TCP, where the wire is the
 //! bottleneck; for shared memory the port is the rank's CPU, which copies
 //! every byte it sends into the ring and every byte it receives out of it,
-//! one thing at a time. A fused step
-//! forwards after one `alpha`, so chains pipeline. The predicted time is the
+//! one thing at a time. The two are separate: a rank's shared-memory copies
+//! overlap its network transfers (the kernel moves TCP bytes while the rank
+//! works on its host's data), which is what a pipelined hierarchical
+//! schedule relies on. A fused step forwards after one `alpha`, so chains
+//! pipeline. The predicted time is the
 //! latest finish over all ranks. Because the model is a pure function of the
 //! problem, the topology and the parameters, every rank predicts the same
 //! and so picks the same algorithm.
@@ -170,8 +173,9 @@ struct RankSim<'a> {
     /// Shared memory: messages to each peer whose send half is done, as
     /// (step, send start, send end), waiting for the peer to drain them.
     inflight: Vec<VecDeque<(usize, f64, f64)>>,
-    /// Shared memory: when this rank's CPU is next free. TCP: when its
-    /// outgoing port is.
+    /// Shared memory: when this rank's CPU is next free.
+    cpu_free: f64,
+    /// TCP: when this rank's outgoing port is free.
     out_free: f64,
     /// TCP: when this rank's incoming port is free.
     in_free: f64,
@@ -208,6 +212,7 @@ fn simulate(
                 sendq,
                 recvq,
                 inflight: vec![VecDeque::new(); n],
+                cpu_free: 0.0,
                 out_free: 0.0,
                 in_free: 0.0,
             }
@@ -306,16 +311,16 @@ fn shm_send_half(rs: &mut [RankSim], a: usize, b: usize, l: LinkCost, elem: usiz
     let st = rs[a].s.steps[si];
     let s_busy = (st.len() * elem) as f64 / l.gbps / 1e3;
     let (s_start, s_end) = if matches!(st, Step::Send { .. }) {
-        let s_start = ready.max(rs[a].out_free);
+        let s_start = ready.max(rs[a].cpu_free);
         (s_start, s_start + s_busy)
     } else {
         let (Some(rst), Some(rfin)) = (rs[a].recv_start[si], rs[a].recv_fin[si]) else {
             return false;
         };
         let s_start = rst + l.alpha_us;
-        (s_start, (rs[a].out_free + s_busy).max(rfin + l.alpha_us))
+        (s_start, (rs[a].cpu_free + s_busy).max(rfin + l.alpha_us))
     };
-    rs[a].out_free = rs[a].out_free.max(s_start) + s_busy;
+    rs[a].cpu_free = rs[a].cpu_free.max(s_start) + s_busy;
     rs[a].sendq[b].pop_front();
     rs[a].inflight[b].push_back((si, s_start, s_end));
     rs[a].send_fin[si] = Some(s_end);
@@ -348,10 +353,10 @@ fn shm_recv_half(
         bw = bw.min(model.reduce_gbps);
     }
     let busy = (st.len() * elem) as f64 / bw / 1e3;
-    let r_start = ready.max(rs[b].out_free).max(s_start + l.alpha_us);
+    let r_start = ready.max(rs[b].cpu_free).max(s_start + l.alpha_us);
     let r_end = (r_start + busy).max(s_end + l.alpha_us);
     // The CPU works for `busy`; waiting for the sender leaves it free.
-    rs[b].out_free = r_start + busy;
+    rs[b].cpu_free = r_start + busy;
     rs[a].inflight[b].pop_front();
     rs[b].recvq[a].pop_front();
     rs[b].recv_start[ri] = Some(r_start);
