@@ -8,9 +8,12 @@
 //! ports are free: one port per direction for TCP, where the wire is the
 //! bottleneck; for shared memory the port is the rank's CPU, which copies
 //! every byte it sends into the ring and every byte it receives out of it,
-//! one thing at a time. A fused step
-//! forwards after one `alpha`, so chains pipeline. The predicted time is the
-//! latest finish over all ranks. Because the model is a pure function of the
+//! one thing at a time. The two are separate: a rank's shared-memory copies
+//! overlap its network transfers (the kernel moves TCP bytes while the rank
+//! works on its host's data), which is what a pipelined hierarchical
+//! schedule relies on; the ranks of a host share its network link. A fused
+//! step forwards after one `alpha`, so chains pipeline. The predicted time
+//! is the latest finish over all ranks. Because the model is a pure function of the
 //! problem, the topology and the parameters, every rank predicts the same
 //! and so picks the same algorithm.
 
