@@ -90,8 +90,8 @@ print_table() {
       next
     }
     {
-      c = $col["coll"]; gsub(/_/, "", c)
-      if (c != coll) next
+      c = $col["coll"]; gsub(/_/, "", c); want = coll; gsub(/_/, "", want)
+      if (c != want) next
       if (("in_place" in col) && $col["in_place"] == 1) next
       s = $col["size_bytes"] + 0
       v[impl, s] = v[impl, s] " " $col["busbw_GBps"]
