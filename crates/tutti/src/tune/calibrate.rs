@@ -22,8 +22,7 @@ fn cache_path(key: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
     let mut h: u64 = 0xcbf29ce484222325;
-    // "v2": shared-memory latency is measured per message inside an op.
-    for b in "v2:".bytes().chain(key.bytes()) {
+    for b in key.bytes() {
         h = (h ^ b as u64).wrapping_mul(0x100000001b3);
     }
     Some(base.join("tutti").join(format!("costmodel-{h:016x}.json")))
@@ -98,17 +97,6 @@ pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel>
             }
         }
     }
-    // Inside an op, a message that follows another costs less than half a
-    // ping-pong (which also pays for a whole op at each end): on one host,
-    // time what one more dependent message adds (a ring AllReduce of 8 B
-    // against a direct one) and use that as the shared-memory latency.
-    let one_host = topo.host_of.iter().all(|&h| h == topo.host_of[0]);
-    if one_host && !tcp_forced && comm.size() >= 2 {
-        if let Some(a) = step_latency(comm)? {
-            let d = CostModel::default().shm.alpha_us;
-            model.shm.alpha_us = a.clamp(d / 10.0, model.shm.alpha_us);
-        }
-    }
     let mut blob = vec![0u8; 1024];
     if comm.rank() == 0 {
         let b = serde_json::to_vec(&model).expect("serialise");
@@ -123,47 +111,6 @@ pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel>
     comm.broadcast(&mut blob, 0)?;
     let len = blob[1] as usize | (blob[2] as usize) << 8;
     Ok(serde_json::from_slice(&blob[3..3 + len]).unwrap_or_default())
-}
-
-/// The time one more dependent message adds to an op, microseconds, as rank
-/// 0 measures it (others return `None`): the best of several batches of
-/// 8-byte AllReduces with the ring (`2(n-1)` messages in a row) against the
-/// direct algorithm (one round), over the extra messages.
-fn step_latency(comm: &Communicator) -> Result<Option<f64>> {
-    let n = comm.size();
-    let mut buf = [0f32; 2];
-    let mut best = |alg: Algorithm| -> Result<f64> {
-        let opts = Options {
-            algorithm: Some(alg),
-            timeout: None,
-        };
-        let c = RawCall {
-            coll: Collective::AllReduce,
-            dtype: DataType::F32,
-            op: ReduceOp::Sum,
-            count: 2,
-            send: buf.as_ptr() as *const u8,
-            send_len: 8,
-            recv: buf.as_mut_ptr() as *mut u8,
-            recv_len: 8,
-            vcounts: None,
-        };
-        let mut best = f64::INFINITY;
-        for _ in 0..5 {
-            comm.barrier()?;
-            let t = Instant::now();
-            for _ in 0..40 {
-                // SAFETY: `buf` is borrowed for the call and used in place.
-                unsafe { comm.run_raw(&c, &opts)? };
-            }
-            best = best.min(t.elapsed().as_secs_f64() * 1e6 / 40.0);
-        }
-        Ok(best)
-    };
-    let direct = best(Algorithm::Direct)?;
-    let ring = best(Algorithm::Ring)?;
-    let extra = (2 * (n - 1) - 1).max(1) as f64;
-    Ok((comm.rank() == 0).then(|| ((ring - direct) / extra).max(0.0)))
 }
 
 /// Ping-pong and streaming between rank 0 and `peer`; every rank takes part
