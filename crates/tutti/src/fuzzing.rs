@@ -21,7 +21,7 @@ pub fn tcp_receive(bytes: &[u8], expect_len: usize, reduce: bool) -> Result<()> 
     let (rx, _) = l.accept().map_err(|e| crate::Error::io("accept", e))?;
     let _ = tx.write_all(bytes);
     drop(tx);
-    let mut link = TcpLink::new(rx, 1)?;
+    let mut link = TcpLink::new(vec![rx], 1, crate::transport::tcp::DEFAULT_CHUNK)?;
     let expect_len = expect_len - expect_len % 4;
     let mut dst = vec![0u8; expect_len];
     let src = vec![0u8; expect_len];
