@@ -434,9 +434,7 @@ fn poll_sockets(env: &Env<'_>, pad: &Scratchpad, nap: Duration) {
             // Wait for the head messages: readable lanes for the incoming
             // one, writable lanes only where the outgoing one has bytes to
             // write (a fused step may still be waiting for its own input).
-            let recv = pad.recvq[q]
-                .front()
-                .map(|&i| pad.states[i as usize].started);
+            let recv = !pad.recvq[q].is_empty();
             let send = pad.sendq[q]
                 .front()
                 .and_then(|&i| pad.states[i as usize].send.as_ref());

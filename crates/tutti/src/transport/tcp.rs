@@ -3,19 +3,34 @@
 //! # Lanes and frames
 //!
 //! A link to a peer is `K` connected sockets, its *lanes* (`K` is chosen at
-//! set-up by the rank that dials, see [`Framing`]). A message of `L` bytes
-//! is cut into frames of at most `chunk` bytes; frame `j` travels on lane
-//! `j % K`, so a large message is striped over every lane while a message
-//! of at most one chunk (and every message when `K` = 1) is a single frame
-//! on lane 0 and pays no extra latency. Every frame starts with the
-//! message's 16-byte [`Header`] (the same one on every frame: collective
-//! sequence number, tag, the message's number on the link, and the total
-//! length `L`), so the receiver checks each frame as it checked whole
-//! messages before, and a frame of another message, another op or another
-//! length on any lane is a [`Error::Mismatch`]. Both sides derive the frame
-//! boundaries from `L`; the first frame a receiver checks carries the
-//! sender's `L`, so the sender and receiver cannot disagree on the cut
-//! without the receiver noticing.
+//! set-up by the rank that dials, see [`Framing`]). With one lane, a message
+//! is its 16-byte [`Header`] and its payload. With several, a message of `L`
+//! bytes is cut on a fixed grid into frames of `chunk` bytes (the last one
+//! shorter); each frame is the message's header (collective sequence
+//! number, tag, the message's number on the link, and the total length
+//! `L`), the frame's offset in the message (8 bytes), and its payload. A
+//! message of at most one chunk is one frame, on lane 0, and pays no extra
+//! latency; a larger one is spread over every lane.
+//!
+//! Frames are given to lanes as they become free: the sender hands the next
+//! frame to the next lane (in turn) that is not still busy writing one, so a
+//! lane that runs slower (a congested path, an unlucky hash) carries fewer
+//! frames instead of holding up the whole message, as a fixed stripe would.
+//! `TCP_NOTSENT_LOWAT` keeps each lane's unsent queue short, so that "busy"
+//! means what it says. The receiver reads a frame's offset from its header,
+//! puts the payload there, and keeps a bitmap of the frames it has, which
+//! says when the message is complete and how long its complete prefix is (a
+//! fused step forwards that prefix).
+//!
+//! Every frame header is checked against what the receiver expects, so a
+//! frame of another op, another length or another message number on any
+//! lane is an [`Error::Mismatch`]; so is an offset off the grid, beyond the
+//! message, or seen twice. One exception: on a link with several lanes, a
+//! frame of a *later* message may arrive on one lane while the current
+//! message still has frames in flight on another (the sender moved on after
+//! writing them, and later messages may have gone entirely on other lanes);
+//! that header is kept, the lane pauses, and the header is checked when its
+//! message's turn comes.
 //!
 //! A liveness probe ([`NOP`]) may appear between frames on any lane and is
 //! skipped by the receiver.
@@ -46,6 +61,9 @@ pub(crate) const DEFAULT_CHUNK: usize = 256 << 10;
 /// Socket buffer size asked for, when the system allows it.
 const SOCKET_BUFFER: usize = 4 << 20;
 
+/// The longest frame header: a message header and a frame offset.
+pub(crate) const FRAME_HDR_MAX: usize = HEADER_BYTES + 8;
+
 /// How a link cuts messages into frames: `lanes` sockets, frames of at most
 /// `chunk` bytes (a power of two, at least 4 KiB, so that frames start on
 /// element boundaries).
@@ -74,18 +92,35 @@ impl Framing {
             (off, self.chunk.min(len - off))
         }
     }
+
+    /// Bytes of a frame header: the message header, plus the frame's
+    /// offset when there are several lanes.
+    pub(crate) fn hdr_bytes(&self) -> usize {
+        if self.lanes == 1 {
+            HEADER_BYTES
+        } else {
+            FRAME_HDR_MAX
+        }
+    }
 }
 
 /// A liveness probe: a header with no message, which the receiver skips. It
 /// gives the kernel unacknowledged data to time out on when the peer's host
 /// has vanished without a word. Its sequence number and tag are reserved
-/// values no message carries.
+/// values no message carries. (On a link with several lanes it is followed
+/// by 8 zero bytes, the size of a frame offset.)
 pub const NOP: Header = Header {
     seq: u32::MAX - 1,
     tag: u16::MAX,
     flags: 1,
     len: 0,
 };
+
+fn nop_bytes() -> [u8; FRAME_HDR_MAX] {
+    let mut b = [0u8; FRAME_HDR_MAX];
+    b[..HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&NOP));
+    b
+}
 
 /// Probe a peer that has been silent this long while we wait for it.
 pub(crate) const PROBE_AFTER: Duration = Duration::from_millis(300);
@@ -118,16 +153,54 @@ pub(crate) enum RxError {
     Io(io::Error),
     /// A frame header that does not belong to the expected message.
     Header(Header),
+    /// A frame of the right message at an impossible offset.
+    Frame(u64),
 }
 
-impl From<io::Error> for RxError {
-    fn from(e: io::Error) -> Self {
-        RxError::Io(e)
+/// The error for a receive that stopped with `e`, on the message number `n`
+/// of `len` bytes from `peer`.
+pub(crate) fn rx_error(cx: &StepCx, e: RxError, len: usize, peer: usize, n: u32) -> Error {
+    match e {
+        RxError::Io(e) => cx.lost(peer, format!("TCP connection failed: {e}")),
+        RxError::Header(h) => match cx.check_header(&h, len, peer, n) {
+            Err(e) => e,
+            Ok(()) => Error::Mismatch {
+                rank: cx.rank,
+                peer,
+                seq: cx.seq,
+                msg: format!("unexpected frame header from rank {peer}: {h:?}"),
+            },
+        },
+        RxError::Frame(off) => Error::Mismatch {
+            rank: cx.rank,
+            peer,
+            seq: cx.seq,
+            msg: format!(
+                "{} (op #{}): rank {peer} sent a frame at offset {off} of a {len}-byte message, which is off the frame grid, beyond the end or repeated (lost or repeated data)",
+                cx.op_name, cx.seq
+            ),
+        },
     }
+}
+
+/// How far ahead of the expected message `n` a frame of a later message
+/// may be (message numbers are 15 bits and wrap).
+const MAX_AHEAD: u16 = 4096;
+
+/// True if message number `got` (15 bits) is a little after `n`'s.
+fn is_ahead(got: u16, n: u32) -> bool {
+    let d = got.wrapping_sub((n & 0x7fff) as u16) & 0x7fff;
+    (1..MAX_AHEAD).contains(&d)
 }
 
 /// Where received payload goes.
 pub(crate) trait Sink {
+    /// A frame of `flen` bytes at message offset `off` starts on `lane`;
+    /// false if it cannot start now (no room), in which case it is offered
+    /// again later.
+    fn frame_start(&mut self, _lane: usize, _off: usize, _flen: usize) -> bool {
+        true
+    }
     /// Room for up to `want` payload bytes of lane `lane` that belong at
     /// message offset `off`: a pointer and how many bytes may be written
     /// there, or `None` when there is no room now.
@@ -138,45 +211,103 @@ pub(crate) trait Sink {
     fn frame_done(&mut self, _lane: usize) {}
 }
 
+/// Which frames of a message have arrived.
+#[derive(Default)]
+pub(crate) struct FrameSet {
+    bits: Vec<u64>,
+    frames: usize,
+    count: usize,
+    /// Frames 0..prefix have all arrived.
+    prefix: usize,
+}
+
+impl FrameSet {
+    /// Starts a message of `frames` frames (allocates only for a message
+    /// with more frames than any before).
+    pub(crate) fn reset(&mut self, frames: usize) {
+        let words = frames.div_ceil(64);
+        if self.bits.len() < words {
+            self.bits.resize(words, 0);
+        }
+        self.bits[..words].fill(0);
+        self.frames = frames;
+        self.count = 0;
+        self.prefix = 0;
+    }
+
+    /// Whether frame `i` has arrived.
+    pub(crate) fn has(&self, i: usize) -> bool {
+        self.bits[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    /// Marks frame `i` as arrived.
+    pub(crate) fn set(&mut self, i: usize) {
+        self.bits[i / 64] |= 1 << (i % 64);
+        self.count += 1;
+        while self.prefix < self.frames && self.has(self.prefix) {
+            self.prefix += 1;
+        }
+    }
+
+    /// True once every frame has arrived.
+    pub(crate) fn complete(&self) -> bool {
+        self.count == self.frames
+    }
+
+    /// The first frame that has not arrived (`frames` when all have).
+    pub(crate) fn prefix(&self) -> usize {
+        self.prefix
+    }
+}
+
 /// One socket of a link and where each direction stands on it.
 pub(crate) struct Lane {
     pub(crate) sock: TcpStream,
-    /// Sending: the frame this lane sends next, and how much of its header
-    /// and payload have gone.
-    tx_next: usize,
+    /// Sending: the frame being written, its header, and how much of the
+    /// header and payload have gone.
+    tx_frame: Option<usize>,
+    tx_hbuf: [u8; FRAME_HDR_MAX],
     tx_hdr: usize,
     tx_off: usize,
-    /// A liveness probe being written (`nop_sent < HEADER_BYTES`).
+    /// Bytes of a liveness probe written (`hdr_bytes` when none is pending).
     nop_sent: usize,
-    /// Receiving: the frame this lane receives next, its header so far,
-    /// whether the header was checked, and payload bytes read.
-    rx_next: usize,
-    rx_hdr: [u8; HEADER_BYTES],
+    /// Receiving: the frame header so far, the frame being read (and
+    /// whether the sink has started it), payload bytes read, and whether
+    /// `rx_hbuf` holds the next message's first header (kept for later).
+    rx_hbuf: [u8; FRAME_HDR_MAX],
     rx_hdr_got: usize,
-    rx_hdr_ok: bool,
+    rx_frame: Option<usize>,
+    rx_begun: bool,
     rx_read: usize,
+    rx_stash: bool,
+    /// The peer closed this lane (at a frame boundary).
+    rx_eof: bool,
 }
 
 impl Lane {
-    fn new(sock: TcpStream) -> Lane {
+    fn new(sock: TcpStream, hdr_bytes: usize) -> Lane {
         Lane {
             sock,
-            tx_next: usize::MAX,
+            tx_frame: None,
+            tx_hbuf: [0; FRAME_HDR_MAX],
             tx_hdr: 0,
             tx_off: 0,
-            nop_sent: HEADER_BYTES,
-            rx_next: usize::MAX,
-            rx_hdr: [0; HEADER_BYTES],
+            nop_sent: hdr_bytes,
+            rx_hbuf: [0; FRAME_HDR_MAX],
             rx_hdr_got: 0,
-            rx_hdr_ok: false,
+            rx_frame: None,
+            rx_begun: false,
             rx_read: 0,
+            rx_stash: false,
+            rx_eof: false,
         }
     }
 
     /// Writes what is left of a probe; true when it is all out.
-    fn flush_nop(&mut self) -> io::Result<bool> {
-        while self.nop_sent < HEADER_BYTES {
-            match (&self.sock).write(&bytemuck::bytes_of(&NOP)[self.nop_sent..]) {
+    fn flush_nop(&mut self, hb: usize) -> io::Result<bool> {
+        let nop = nop_bytes();
+        while self.nop_sent < hb {
+            match (&self.sock).write(&nop[self.nop_sent..hb]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(k) => self.nop_sent += k,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
@@ -186,16 +317,12 @@ impl Lane {
         }
         Ok(true)
     }
-
-    /// True if this lane is between frames on the sending side.
-    fn tx_between_frames(&self) -> bool {
-        self.tx_hdr == 0 && self.nop_sent == HEADER_BYTES
-    }
 }
 
 /// Configures a connected socket for a lane: non-blocking, `TCP_NODELAY`,
-/// large buffers where the system allows them, keepalive and a user timeout.
-pub(crate) fn configure(sock: &TcpStream) -> Result<()> {
+/// large buffers where the system allows them, keepalive and a user
+/// timeout; with several lanes, a short unsent queue.
+pub(crate) fn configure(sock: &TcpStream, framing: Framing) -> Result<()> {
     sock.set_nonblocking(true)
         .and_then(|_| sock.set_nodelay(true))
         .map_err(|e| Error::io("configuring a TCP link", e))?;
@@ -208,6 +335,22 @@ pub(crate) fn configure(sock: &TcpStream) -> Result<()> {
     }
     if sysctl_usize("/proc/sys/net/core/rmem_max").is_some_and(|m| m >= SOCKET_BUFFER) {
         let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
+    }
+    if framing.lanes > 1 {
+        // A lane reports itself busy (EAGAIN) once this much is queued but
+        // not yet sent, so that frames go to the lanes that move.
+        let lowat: libc::c_int = (2 * framing.chunk).max(512 << 10) as libc::c_int;
+        // SAFETY: setsockopt on a valid socket with a pointer to a c_int
+        // and its size.
+        unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_NOTSENT_LOWAT,
+                &lowat as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
     }
     // A peer whose host vanished sends no reset: data left unacknowledged
     // for 0.6 s fails the connection (at the next retransmission) (and the
@@ -233,48 +376,60 @@ fn sysctl_usize(path: &str) -> Option<usize> {
 pub(crate) struct Lanes {
     pub(crate) lanes: Vec<Lane>,
     pub(crate) framing: Framing,
+    /// Sending: the message's frames, the next frame to hand out, and the
+    /// lane to offer it to first.
+    tx_frames: usize,
+    tx_next: usize,
+    tx_turn: usize,
+    /// Receiving: which frames of the current message have arrived.
+    rx: FrameSet,
 }
 
 impl Lanes {
     /// Wraps connected sockets (lane `i` is `socks[i]`), configuring each.
     pub(crate) fn new(socks: Vec<TcpStream>, chunk: usize) -> Result<Lanes> {
         assert!(!socks.is_empty() && socks.len() <= MAX_LANES);
+        let framing = Framing {
+            lanes: socks.len(),
+            chunk,
+        };
         for s in &socks {
-            configure(s)?;
+            configure(s, framing)?;
         }
+        let hb = framing.hdr_bytes();
         Ok(Lanes {
-            framing: Framing {
-                lanes: socks.len(),
-                chunk,
-            },
-            lanes: socks.into_iter().map(Lane::new).collect(),
+            framing,
+            lanes: socks.into_iter().map(|s| Lane::new(s, hb)).collect(),
+            tx_frames: 0,
+            tx_next: 0,
+            tx_turn: 0,
+            rx: FrameSet::default(),
         })
     }
 
-    /// Prepares to send a new message.
-    pub(crate) fn tx_start(&mut self) {
-        for (s, l) in self.lanes.iter_mut().enumerate() {
-            l.tx_next = s;
-            l.tx_hdr = 0;
-            l.tx_off = 0;
+    /// Prepares to send a message of `len` bytes.
+    pub(crate) fn tx_start(&mut self, len: usize) {
+        self.tx_frames = self.framing.frames(len);
+        self.tx_next = 0;
+        self.tx_turn = 0;
+        for l in &mut self.lanes {
+            l.tx_frame = None;
         }
     }
 
-    /// True once every frame of the message of `len` bytes has been written.
-    pub(crate) fn tx_done(&self, len: usize) -> bool {
-        let f = self.framing.frames(len);
-        self.lanes.iter().all(|l| l.tx_next >= f)
+    /// True once every frame of the message has been written.
+    pub(crate) fn tx_done(&self) -> bool {
+        self.tx_next >= self.tx_frames && self.lanes.iter().all(|l| l.tx_frame.is_none())
     }
 
-    /// Bytes of the message (from its start) whose frames are fully written.
-    pub(crate) fn tx_prefix(&self, len: usize) -> usize {
-        let f = self.framing.frames(len);
-        let j = self.lanes.iter().map(|l| l.tx_next).min().unwrap_or(f);
-        if j >= f {
-            return len;
+    /// Whether the next frame may be handed out: frames go in order, each
+    /// once some of its bytes are ready (or it is empty).
+    fn tx_next_ready(&self, len: usize, avail: usize) -> bool {
+        if self.tx_next >= self.tx_frames {
+            return false;
         }
-        let (off, _) = self.framing.frame(len, j);
-        off + self.lanes[j % self.lanes.len()].tx_off
+        let (off, flen) = self.framing.frame(len, self.tx_next);
+        flen == 0 || avail > off
     }
 
     /// Writes frames of the message at `ptr` (`len` bytes, of which the first
@@ -291,55 +446,99 @@ impl Lanes {
         hdr: &[u8; HEADER_BYTES],
     ) -> io::Result<bool> {
         let fr = self.framing;
-        let frames = fr.frames(len);
+        let hb = fr.hdr_bytes();
         let k = self.lanes.len();
         let mut moved = false;
-        for l in self.lanes.iter_mut() {
-            loop {
-                if l.nop_sent < HEADER_BYTES {
-                    // A probe goes out whole before the next frame starts.
-                    if !l.flush_nop()? {
-                        break;
-                    }
-                    moved = true;
-                }
-                if l.tx_next >= frames {
-                    break;
-                }
-                let (off, flen) = fr.frame(len, l.tx_next);
-                if l.tx_hdr == HEADER_BYTES && l.tx_off == flen {
-                    l.tx_next += k;
+        loop {
+            let mut pass = false;
+            for step in 0..k {
+                let s = (self.tx_turn + step) % k;
+                // A lane that finished its frame takes the next one in turn,
+                // one frame per lane per pass, so free lanes share the work.
+                if self.lanes[s].tx_frame.is_none()
+                    && self.lanes[s].nop_sent >= hb
+                    && self.tx_next_ready(len, avail)
+                {
+                    let l = &mut self.lanes[s];
+                    let (off, _) = fr.frame(len, self.tx_next);
+                    l.tx_hbuf[..HEADER_BYTES].copy_from_slice(hdr);
+                    l.tx_hbuf[HEADER_BYTES..].copy_from_slice(&(off as u64).to_le_bytes());
+                    l.tx_frame = Some(self.tx_next);
                     l.tx_hdr = 0;
                     l.tx_off = 0;
-                    continue;
+                    self.tx_next += 1;
+                    self.tx_turn = (s + 1) % k;
                 }
-                let at = off + l.tx_off;
-                let ready = avail.min(off + flen).saturating_sub(at);
-                let hdr_left = HEADER_BYTES - l.tx_hdr;
-                if hdr_left == 0 && ready == 0 {
-                    break; // waiting for the bytes to become ready
+                let l = &mut self.lanes[s];
+                // SAFETY: forwarded from the caller.
+                let m = unsafe { Self::tx_lane(l, fr, hb, ptr, len, avail)? };
+                pass |= m;
+            }
+            moved |= pass;
+            if !pass {
+                return Ok(moved);
+            }
+        }
+    }
+
+    /// Moves lane `l`'s probe and frame as far as its socket takes them.
+    ///
+    /// # Safety
+    /// As for [`Lanes::tx`].
+    unsafe fn tx_lane(
+        l: &mut Lane,
+        fr: Framing,
+        hb: usize,
+        ptr: *const u8,
+        len: usize,
+        avail: usize,
+    ) -> io::Result<bool> {
+        let mut moved = false;
+        if l.nop_sent < hb {
+            // A probe goes out whole before the next frame starts.
+            let before = l.nop_sent;
+            let done = l.flush_nop(hb)?;
+            moved = l.nop_sent != before;
+            if !done {
+                return Ok(moved);
+            }
+        }
+        while let Some(j) = l.tx_frame {
+            let (off, flen) = fr.frame(len, j);
+            if l.tx_hdr == hb && l.tx_off == flen {
+                l.tx_frame = None;
+                moved = true;
+                break;
+            }
+            let at = off + l.tx_off;
+            let ready = avail.min(off + flen).saturating_sub(at);
+            let hdr_left = hb - l.tx_hdr;
+            if hdr_left == 0 && ready == 0 {
+                break; // waiting for the bytes to become ready
+            }
+            // SAFETY: at + ready <= avail: the caller guarantees these bytes
+            // are readable and stable.
+            let payload = unsafe { std::slice::from_raw_parts(ptr.add(at), ready) };
+            let r = if hdr_left > 0 {
+                let bufs = [
+                    IoSlice::new(&l.tx_hbuf[l.tx_hdr..hb]),
+                    IoSlice::new(payload),
+                ];
+                (&l.sock).write_vectored(&bufs)
+            } else {
+                (&l.sock).write(payload)
+            };
+            match r {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    moved = true;
+                    let h = n.min(hdr_left);
+                    l.tx_hdr += h;
+                    l.tx_off += n - h;
                 }
-                // SAFETY: at + ready <= avail: the caller guarantees these
-                // bytes are readable and stable.
-                let payload = unsafe { std::slice::from_raw_parts(ptr.add(at), ready) };
-                let r = if hdr_left > 0 {
-                    let bufs = [IoSlice::new(&hdr[l.tx_hdr..]), IoSlice::new(payload)];
-                    (&l.sock).write_vectored(&bufs)
-                } else {
-                    (&l.sock).write(payload)
-                };
-                match r {
-                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                    Ok(n) => {
-                        moved = true;
-                        let h = n.min(hdr_left);
-                        l.tx_hdr += h;
-                        l.tx_off += n - h;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
             }
         }
         Ok(moved)
@@ -348,54 +547,58 @@ impl Lanes {
     /// Whether lane `i` has something to write now (for `poll`).
     pub(crate) fn tx_wants_write(&self, i: usize, len: usize, avail: usize) -> bool {
         let l = &self.lanes[i];
-        if l.nop_sent < HEADER_BYTES {
+        if l.nop_sent < self.framing.hdr_bytes() {
             return true;
         }
-        if l.tx_next >= self.framing.frames(len) {
-            return false;
+        match l.tx_frame {
+            Some(j) => {
+                let (off, _) = self.framing.frame(len, j);
+                l.tx_hdr < self.framing.hdr_bytes() || avail > off + l.tx_off
+            }
+            None => self.tx_next_ready(len, avail),
         }
-        let (off, flen) = self.framing.frame(len, l.tx_next);
-        l.tx_hdr < HEADER_BYTES || (l.tx_off < flen && avail > off + l.tx_off)
     }
 
-    /// Prepares to receive a new message.
-    pub(crate) fn rx_start(&mut self) {
-        for (s, l) in self.lanes.iter_mut().enumerate() {
-            l.rx_next = s;
-            l.rx_hdr_got = 0;
-            l.rx_hdr_ok = false;
+    /// Prepares to receive a message of `len` bytes (a header of it that
+    /// arrived early stays, to be checked first).
+    pub(crate) fn rx_start(&mut self, len: usize) {
+        self.rx.reset(self.framing.frames(len));
+        for l in &mut self.lanes {
+            l.rx_frame = None;
             l.rx_read = 0;
+            if !l.rx_stash {
+                l.rx_hdr_got = 0;
+            }
         }
     }
 
-    /// True once every frame of the message of `len` bytes has been read.
-    pub(crate) fn rx_done(&self, len: usize) -> bool {
-        let f = self.framing.frames(len);
-        self.lanes.iter().all(|l| l.rx_next >= f)
+    /// True once every frame of the message has been read.
+    pub(crate) fn rx_done(&self) -> bool {
+        self.rx.complete()
     }
 
-    /// Whether lane `i` still expects frames of the message of `len` bytes.
-    pub(crate) fn rx_pending(&self, i: usize, len: usize) -> bool {
-        self.lanes[i].rx_next < self.framing.frames(len)
-    }
-
-    /// Whether lane `i` has a probe to finish writing.
-    pub(crate) fn nop_pending(&self, i: usize) -> bool {
-        self.lanes[i].nop_sent < HEADER_BYTES
+    /// Whether lane `i` may still carry frames of the message (for `poll`).
+    pub(crate) fn rx_pending(&self, i: usize) -> bool {
+        let l = &self.lanes[i];
+        !self.rx.complete() && !l.rx_stash && !l.rx_eof
     }
 
     /// The longest prefix of the message delivered so far: whole frames,
-    /// then the first incomplete frame's bytes minus `held(lane)` (bytes a
-    /// sink holds back, such as a partial element).
+    /// then what a lane has read of the first missing frame, minus
+    /// `held(lane)` (bytes a sink holds back, such as a partial element).
     pub(crate) fn rx_prefix(&self, len: usize, held: impl Fn(usize) -> usize) -> usize {
-        let f = self.framing.frames(len);
-        let j = self.lanes.iter().map(|l| l.rx_next).min().unwrap_or(f);
-        if j >= f {
+        let p = self.rx.prefix();
+        if self.rx.complete() {
             return len;
         }
-        let (off, _) = self.framing.frame(len, j);
-        let s = j % self.lanes.len();
-        off + self.lanes[s].rx_read - held(s)
+        let (off, _) = self.framing.frame(len, p);
+        let partial = self
+            .lanes
+            .iter()
+            .enumerate()
+            .find(|(_, l)| l.rx_frame == Some(p))
+            .map_or(0, |(s, l)| l.rx_read - held(s));
+        off + partial
     }
 
     /// Reads frames of the expected message into `sink`. Returns whether
@@ -407,45 +610,96 @@ impl Lanes {
         heard: &mut bool,
     ) -> std::result::Result<bool, RxError> {
         let fr = self.framing;
-        let frames = fr.frames(ex.len);
-        let k = self.lanes.len();
+        let hb = fr.hdr_bytes();
         let mut moved = false;
-        for (s, l) in self.lanes.iter_mut().enumerate() {
+        for s in 0..self.lanes.len() {
             loop {
-                if l.rx_next >= frames {
-                    break;
+                if self.rx.complete() {
+                    return Ok(moved);
                 }
-                if !l.rx_hdr_ok {
-                    match (&l.sock).read(&mut l.rx_hdr[l.rx_hdr_got..]) {
-                        Ok(0) => return Err(RxError::Io(io::ErrorKind::UnexpectedEof.into())),
-                        Ok(n) => {
-                            moved = true;
-                            *heard = true;
-                            l.rx_hdr_got += n;
-                            if l.rx_hdr_got == HEADER_BYTES {
-                                l.rx_hdr_got = 0;
-                                let h: Header = bytemuck::pod_read_unaligned(&l.rx_hdr);
-                                if h == NOP {
-                                    continue; // a peer's liveness probe
-                                }
-                                if !ex.matches(&h) {
-                                    return Err(RxError::Header(h));
-                                }
-                                l.rx_hdr_ok = true;
-                            }
-                            continue;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(RxError::Io(e)),
+                let l = &mut self.lanes[s];
+                if l.rx_frame.is_none() {
+                    if l.rx_eof {
+                        break;
                     }
+                    if l.rx_stash {
+                        // The early header of this message: check it now.
+                        l.rx_stash = false;
+                        l.rx_hdr_got = 0;
+                    } else {
+                        match (&l.sock).read(&mut l.rx_hbuf[l.rx_hdr_got..hb]) {
+                            Ok(0) if l.rx_hdr_got == 0 => {
+                                // Closed between frames: what is missing may
+                                // still come on another lane (a peer that
+                                // finished closes them all, each after the
+                                // frames it carried).
+                                l.rx_eof = true;
+                                if self.lanes.iter().all(|l| l.rx_eof || l.rx_stash) {
+                                    return Err(RxError::Io(io::ErrorKind::UnexpectedEof.into()));
+                                }
+                                break;
+                            }
+                            Ok(0) => return Err(RxError::Io(io::ErrorKind::UnexpectedEof.into())),
+                            Ok(n) => {
+                                moved = true;
+                                *heard = true;
+                                l.rx_hdr_got += n;
+                                if l.rx_hdr_got < hb {
+                                    continue;
+                                }
+                                l.rx_hdr_got = 0;
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                            Err(e) => return Err(RxError::Io(e)),
+                        }
+                    }
+                    let h: Header = bytemuck::pod_read_unaligned(&l.rx_hbuf[..HEADER_BYTES]);
+                    if h == NOP {
+                        continue; // a peer's liveness probe
+                    }
+                    if !ex.matches(&h) {
+                        if fr.lanes > 1 && h.flags & 1 == 0 && is_ahead(h.flags >> 1, ex.n) {
+                            // A frame of a later message: this lane carried
+                            // none of this message's remaining frames (they
+                            // are on other lanes); keep it for its turn.
+                            l.rx_stash = true;
+                            l.rx_hdr_got = hb;
+                            break;
+                        }
+                        return Err(RxError::Header(h));
+                    }
+                    let j = if fr.lanes == 1 {
+                        0
+                    } else {
+                        let off = u64::from_le_bytes(
+                            l.rx_hbuf[HEADER_BYTES..FRAME_HDR_MAX]
+                                .try_into()
+                                .expect("8 bytes"),
+                        );
+                        let j = (off / fr.chunk as u64) as usize;
+                        if off % fr.chunk as u64 != 0 || j >= self.rx.frames || self.rx.has(j) {
+                            return Err(RxError::Frame(off));
+                        }
+                        j
+                    };
+                    l.rx_frame = Some(j);
+                    l.rx_begun = false;
+                    l.rx_read = 0;
                 }
-                let (off, flen) = fr.frame(ex.len, l.rx_next);
+                let j = l.rx_frame.expect("a frame is being read");
+                let (off, flen) = fr.frame(ex.len, j);
+                if !l.rx_begun {
+                    if !sink.frame_start(s, off, flen) {
+                        break;
+                    }
+                    l.rx_begun = true;
+                }
                 if l.rx_read == flen {
                     sink.frame_done(s);
-                    l.rx_next += k;
-                    l.rx_hdr_ok = false;
-                    l.rx_read = 0;
+                    l.rx_frame = None;
+                    self.rx.set(j);
+                    moved = true;
                     continue;
                 }
                 let at = off + l.rx_read;
@@ -471,19 +725,15 @@ impl Lanes {
         Ok(moved)
     }
 
-    /// Starts a liveness probe on a lane that is between frames, preferring
-    /// one the receiving side reads now (`rx_len`: the length of the message
-    /// being received), so that a timed-out connection shows in that read.
-    /// Returns false if no lane could take one.
-    pub(crate) fn start_probe(&mut self, rx_len: Option<usize>) -> bool {
-        let f = rx_len.map(|len| self.framing.frames(len));
-        let reading = |l: &Lane| f.is_some_and(|f| l.rx_next < f);
-        let pick = self
+    /// Starts a liveness probe on a lane that is between frames (lane 0 if
+    /// it can, which every message uses). Returns false if none could.
+    pub(crate) fn start_probe(&mut self) -> bool {
+        let hb = self.framing.hdr_bytes();
+        match self
             .lanes
             .iter()
-            .position(|l| l.tx_between_frames() && reading(l))
-            .or_else(|| self.lanes.iter().position(|l| l.tx_between_frames()));
-        match pick {
+            .position(|l| l.tx_frame.is_none() && l.nop_sent >= hb)
+        {
             Some(i) => {
                 self.lanes[i].nop_sent = 0;
                 true
@@ -494,10 +744,16 @@ impl Lanes {
 
     /// Writes what is left of any started probe.
     pub(crate) fn flush_probes(&mut self) -> io::Result<()> {
+        let hb = self.framing.hdr_bytes();
         for l in &mut self.lanes {
-            l.flush_nop()?;
+            l.flush_nop(hb)?;
         }
         Ok(())
+    }
+
+    /// Whether lane `i` has a probe to finish writing.
+    pub(crate) fn nop_pending(&self, i: usize) -> bool {
+        self.lanes[i].nop_sent < self.framing.hdr_bytes()
     }
 
     /// Closes every lane so that the peer notices at once.
@@ -569,8 +825,8 @@ pub(crate) struct TcpLink {
     /// Header of the message being sent (`tx_active`).
     tx_hdr: [u8; HEADER_BYTES],
     tx_active: bool,
-    /// Length of the message being received (`Some` while one is).
-    rx_len: Option<usize>,
+    /// Whether a message is being received.
+    rx_active: bool,
     /// A partial element per lane, for reducing receives.
     carry: [([u8; 8], usize); MAX_LANES],
     /// Messages sent and received on this link.
@@ -589,7 +845,7 @@ impl TcpLink {
             peer,
             tx_hdr: [0; HEADER_BYTES],
             tx_active: false,
-            rx_len: None,
+            rx_active: false,
             carry: [([0; 8], 0); MAX_LANES],
             sent_msgs: 0,
             recv_msgs: 0,
@@ -618,37 +874,33 @@ impl TcpLink {
     pub(crate) fn probe(&mut self, cx: &StepCx) -> Result<()> {
         if self.last_heard.elapsed() >= PROBE_AFTER && self.last_probe.elapsed() >= PROBE_AFTER {
             self.last_probe = Instant::now();
-            self.lanes.start_probe(self.rx_len);
+            self.lanes.start_probe();
         }
         self.lanes.flush_probes().map_err(|e| self.broken(cx, e))
     }
 
     /// Adds to `out` the descriptors (and events) to wait on while `send`
     /// (the head outgoing message, if started) and the head incoming message
-    /// (`recv`, `Some(started)` if there is one) cannot move.
-    pub(crate) fn pollfds(
-        &self,
-        send: Option<&SendMsg>,
-        recv: Option<bool>,
-        out: &mut Vec<libc::pollfd>,
-    ) {
+    /// (`recv`: whether there is one) cannot move.
+    pub(crate) fn pollfds(&self, send: Option<&SendMsg>, recv: bool, out: &mut Vec<libc::pollfd>) {
         for i in 0..self.lanes.lanes.len() {
             let mut events = 0;
-            match (recv, self.rx_len) {
-                (Some(_), Some(len)) if self.lanes.rx_pending(i, len) => events |= libc::POLLIN,
-                (Some(_), None) if i == 0 => events |= libc::POLLIN,
-                _ => {}
+            // Before the head message has started, lane 0 (which every
+            // message uses) stands for the link.
+            let reading = if self.rx_active {
+                self.lanes.rx_pending(i)
+            } else {
+                i == 0
+            };
+            if recv && reading {
+                events |= libc::POLLIN;
             }
-            if let Some(m) = send {
-                let wants = if self.tx_active {
-                    self.lanes.tx_wants_write(i, m.len, m.avail)
-                } else {
-                    i < self.lanes.framing.frames(m.len)
-                };
-                if wants {
-                    events |= libc::POLLOUT;
-                }
-            } else if self.lanes.lanes[i].nop_sent < HEADER_BYTES {
+            let wants = match send {
+                Some(m) if self.tx_active => self.lanes.tx_wants_write(i, m.len, m.avail),
+                Some(_) => i == 0,
+                None => self.lanes.nop_pending(i),
+            };
+            if wants {
                 events |= libc::POLLOUT;
             }
             if events != 0 {
@@ -671,7 +923,7 @@ impl TcpLink {
             };
             self.sent_msgs = self.sent_msgs.wrapping_add(1);
             self.tx_hdr.copy_from_slice(bytemuck::bytes_of(&h));
-            self.lanes.tx_start();
+            self.lanes.tx_start(m.len);
             self.tx_active = true;
             m.header_sent = true;
         }
@@ -679,8 +931,8 @@ impl TcpLink {
         // `avail` bytes are ready and stay untouched until the message is done.
         let moved = unsafe { self.lanes.tx(m.ptr, m.len, m.avail, &self.tx_hdr) }
             .map_err(|e| self.broken(cx, e))?;
-        m.sent = self.lanes.tx_prefix(m.len);
-        if self.lanes.tx_done(m.len) {
+        if self.lanes.tx_done() {
+            m.sent = m.len;
             m.done = true;
             self.tx_active = false;
         }
@@ -688,9 +940,9 @@ impl TcpLink {
     }
 
     pub(crate) fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool> {
-        if self.rx_len.is_none() {
-            self.lanes.rx_start();
-            self.rx_len = Some(m.len);
+        if !self.rx_active {
+            self.lanes.rx_start(m.len);
+            self.rx_active = true;
             for c in &mut self.carry {
                 c.1 = 0;
             }
@@ -715,35 +967,176 @@ impl TcpLink {
         if heard {
             self.last_heard = Instant::now();
         }
-        let moved = match r {
-            Ok(moved) => moved,
-            Err(RxError::Io(e)) => return Err(self.broken(cx, e)),
-            Err(RxError::Header(h)) => {
-                return Err(header_error(cx, &h, m.len, self.peer, self.recv_msgs))
-            }
-        };
+        let moved = r.map_err(|e| rx_error(cx, e, m.len, self.peer, self.recv_msgs))?;
         m.header_seen = true;
         let carry = &self.carry;
         m.got = self.lanes.rx_prefix(m.len, |s| carry[s].1);
-        if self.lanes.rx_done(m.len) {
+        if self.lanes.rx_done() {
             m.done = true;
-            self.rx_len = None;
+            self.rx_active = false;
             self.recv_msgs = self.recv_msgs.wrapping_add(1);
         }
         Ok(moved)
     }
 }
 
-/// The error for a frame header `h` that does not belong to the message
-/// number `n` of `len` bytes from `peer`.
-pub(crate) fn header_error(cx: &StepCx, h: &Header, len: usize, peer: usize, n: u32) -> Error {
-    match cx.check_header(h, len, peer, n) {
-        Err(e) => e,
-        Ok(()) => Error::Mismatch {
-            rank: cx.rank,
-            peer,
-            seq: cx.seq,
-            msg: format!("unexpected frame header from rank {peer}: {h:?}"),
-        },
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reduce::{DataType, ReduceOp};
+    use std::net::TcpListener;
+
+    /// `k` connected socket pairs on loopback: (dialled ends, accepted ends).
+    fn pairs(k: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for _ in 0..k {
+            a.push(TcpStream::connect(addr).unwrap());
+            b.push(l.accept().unwrap().0);
+        }
+        (a, b)
+    }
+
+    fn cx() -> StepCx {
+        StepCx {
+            rank: 0,
+            seq: 0,
+            coll_seq: P2P_SEQ,
+            tag: 7,
+            op_name: "send/recv",
+            dtype: DataType::U8,
+            op: ReduceOp::Sum,
+            elem: 1,
+            direct_bytes: usize::MAX,
+            bounce: vec![0; 4096],
+        }
+    }
+
+    /// A frame of message `n` (total `len` bytes) at `off`, with `payload`.
+    fn frame(n: u32, len: usize, off: usize, payload: &[u8]) -> Vec<u8> {
+        let h = Header {
+            seq: P2P_SEQ,
+            tag: 7,
+            flags: msg_flags(n),
+            len: len as u64,
+        };
+        let mut v = bytemuck::bytes_of(&h).to_vec();
+        v.extend_from_slice(&(off as u64).to_le_bytes());
+        v.extend_from_slice(payload);
+        v
+    }
+
+    fn recv_all(link: &mut TcpLink, len: usize) -> Result<Vec<u8>> {
+        let mut dst = vec![0u8; len];
+        let mut m = RecvMsg::new(dst.as_mut_ptr(), None, len);
+        let mut c = cx();
+        let t = Instant::now();
+        while !m.done {
+            link.recv(&mut m, &mut c)?;
+            assert!(t.elapsed() < Duration::from_secs(5), "no progress");
+        }
+        Ok(dst)
+    }
+
+    #[test]
+    fn later_messages_may_overtake_on_other_lanes() {
+        let chunk = 4096;
+        let (mut tx, rx) = pairs(2);
+        let mut link = TcpLink::new(rx, 1, chunk).unwrap();
+        let big: Vec<u8> = (0..2 * chunk).map(|i| (i % 251) as u8).collect();
+        // Message 0 (two frames) and message 1 (one frame) went entirely on
+        // lane 0; message 2's second frame was written on lane 1 before its
+        // first one on lane 0.
+        tx[1]
+            .write_all(&frame(2, 2 * chunk, chunk, &big[chunk..]))
+            .unwrap();
+        tx[0]
+            .write_all(&frame(0, 2 * chunk, 0, &big[..chunk]))
+            .unwrap();
+        tx[0]
+            .write_all(&frame(0, 2 * chunk, chunk, &big[chunk..]))
+            .unwrap();
+        tx[0].write_all(&frame(1, 3, 0, b"abc")).unwrap();
+        tx[0]
+            .write_all(&frame(2, 2 * chunk, 0, &big[..chunk]))
+            .unwrap();
+        assert_eq!(recv_all(&mut link, 2 * chunk).unwrap(), big);
+        assert_eq!(recv_all(&mut link, 3).unwrap(), b"abc");
+        assert_eq!(recv_all(&mut link, 2 * chunk).unwrap(), big);
+    }
+
+    #[test]
+    fn a_closed_lane_does_not_hide_frames_on_another() {
+        let chunk = 4096;
+        let (mut tx, rx) = pairs(2);
+        let mut link = TcpLink::new(rx, 1, chunk).unwrap();
+        tx[1].write_all(&frame(0, 0, 0, &[])).unwrap();
+        // The peer is done and gone: lane 0 only says so.
+        drop(tx);
+        assert_eq!(recv_all(&mut link, 0).unwrap(), b"");
+        let r = recv_all(&mut link, 0);
+        assert!(matches!(r, Err(Error::PeerLost { .. })), "{r:?}");
+    }
+
+    #[test]
+    fn bad_frames_are_mismatches() {
+        let chunk = 4096;
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("off the grid", frame(0, 2 * chunk, 100, &[0; 100])),
+            ("beyond the end", frame(0, 2 * chunk, 2 * chunk, &[])),
+            (
+                "an earlier message",
+                frame(0x7fff, 2 * chunk, 0, &[0; 4096]),
+            ),
+            ("far ahead", frame(5000, 2 * chunk, 0, &[0; 4096])),
+            ("another length", frame(0, 3 * chunk, 0, &[0; 4096])),
+        ];
+        for (what, bytes) in cases {
+            let (mut tx, rx) = pairs(2);
+            let mut link = TcpLink::new(rx, 1, chunk).unwrap();
+            tx[0].write_all(&bytes).unwrap();
+            let r = recv_all(&mut link, 2 * chunk);
+            assert!(matches!(r, Err(Error::Mismatch { .. })), "{what}: {r:?}");
+        }
+        // A repeated frame.
+        let (mut tx, rx) = pairs(2);
+        let mut link = TcpLink::new(rx, 1, chunk).unwrap();
+        tx[0]
+            .write_all(&frame(0, 2 * chunk, 0, &[1; 4096]))
+            .unwrap();
+        tx[1]
+            .write_all(&frame(0, 2 * chunk, 0, &[1; 4096]))
+            .unwrap();
+        let r = recv_all(&mut link, 2 * chunk);
+        assert!(matches!(r, Err(Error::Mismatch { .. })), "repeat: {r:?}");
+    }
+
+    #[test]
+    fn lanes_round_trip_with_probes() {
+        let chunk = 4096;
+        let (a, b) = pairs(3);
+        let mut s = TcpLink::new(a, 1, chunk).unwrap();
+        let mut r = TcpLink::new(b, 0, chunk).unwrap();
+        for len in [0, 1, chunk - 1, chunk, chunk + 1, 10 * chunk + 17, 1 << 20] {
+            let src: Vec<u8> = (0..len).map(|i| (i * 7 % 253) as u8).collect();
+            let mut dst = vec![0u8; len];
+            let mut sm = SendMsg::new(src.as_ptr(), len, len);
+            let mut rm = RecvMsg::new(dst.as_mut_ptr(), None, len);
+            let (mut c1, mut c2) = (cx(), cx());
+            s.lanes.start_probe();
+            let t = Instant::now();
+            while !(sm.done && rm.done) {
+                if !sm.done {
+                    s.send(&mut sm, &mut c1).unwrap();
+                }
+                if !rm.done {
+                    r.recv(&mut rm, &mut c2).unwrap();
+                }
+                assert!(t.elapsed() < Duration::from_secs(5), "no progress");
+            }
+            assert_eq!(dst, src, "len {len}");
+        }
     }
 }

@@ -44,7 +44,7 @@
 //! been silent.
 
 use super::shm::{self, Doorbell, Segment};
-use super::tcp::{header_error, Expect, Framing, Lanes, RxError, Sink, TcpLink, PROBE_AFTER};
+use super::tcp::{rx_error, Expect, FrameSet, Framing, Lanes, RxError, Sink, TcpLink, PROBE_AFTER};
 use super::{msg_flags, Header, RecvMsg, SendMsg, StepCx, HEADER_BYTES};
 use crate::error::{Error, Result};
 use crossbeam_utils::CachePadded;
@@ -117,9 +117,12 @@ impl Drop for Stage {
     }
 }
 
-fn align8(x: usize) -> usize {
-    (x + 7) & !7
+fn align16(x: usize) -> usize {
+    (x + 15) & !15
 }
+
+/// Bytes of a frame descriptor in a staging ring.
+const DESC_BYTES: usize = 16;
 
 /// An outgoing message slot. The fields are written by the executor before
 /// the Release increment of `posted` and read by the I/O thread after an
@@ -155,6 +158,7 @@ struct RxSlot {
 enum Failure {
     Io(String),
     Header(Header),
+    Frame(u64),
     Reset,
 }
 
@@ -401,7 +405,7 @@ impl Side {
             self.tx_len = p.tx.len.load(Ordering::Relaxed);
             self.tx_hdr[..8].copy_from_slice(&p.tx.hdr[0].load(Ordering::Relaxed).to_le_bytes());
             self.tx_hdr[8..].copy_from_slice(&p.tx.hdr[1].load(Ordering::Relaxed).to_le_bytes());
-            self.lanes.tx_start();
+            self.lanes.tx_start(self.tx_len);
             self.tx_on = true;
             moved = true;
         }
@@ -416,7 +420,7 @@ impl Side {
                     return true;
                 }
             }
-            if self.lanes.tx_done(self.tx_len) {
+            if self.lanes.tx_done() {
                 self.tx_on = false;
                 p.tx.done.store(self.tx_seen, Ordering::Release);
                 moved = true;
@@ -435,7 +439,7 @@ impl Side {
                 len: p.rx.len.load(Ordering::Relaxed),
                 n: p.rx.n.load(Ordering::Relaxed),
             };
-            self.lanes.rx_start();
+            self.lanes.rx_start(self.ex.len);
             self.rx_on = true;
             moved = true;
         }
@@ -463,13 +467,17 @@ impl Side {
                     self.die(p, Failure::Header(h));
                     return true;
                 }
+                Err(RxError::Frame(off)) => {
+                    self.die(p, Failure::Frame(off));
+                    return true;
+                }
             }
             let len = self.ex.len;
             if !self.rx_reduce && moved {
                 p.rx.got
                     .store(self.lanes.rx_prefix(len, |_| 0), Ordering::Release);
             }
-            if self.lanes.rx_done(len) {
+            if self.lanes.rx_done() {
                 self.rx_on = false;
                 p.rx.done.store(self.rx_seen, Ordering::Release);
                 moved = true;
@@ -486,7 +494,7 @@ impl Side {
             && now.duration_since(self.last_probe) >= PROBE_AFTER
         {
             self.last_probe = now;
-            self.lanes.start_probe(Some(self.ex.len));
+            self.lanes.start_probe();
         }
     }
 
@@ -499,8 +507,8 @@ impl Side {
         for i in 0..self.lanes.lanes.len() {
             let mut events = 0;
             if self.rx_on
-                && self.lanes.rx_pending(i, self.ex.len)
-                && (!self.rx_reduce || stage_room(&p.stages[i]) > 0)
+                && self.lanes.rx_pending(i)
+                && (!self.rx_reduce || stage_room(&p.stages[i]) >= DESC_BYTES)
             {
                 events |= libc::POLLIN;
             }
@@ -529,12 +537,30 @@ fn stage_room(st: &Stage) -> usize {
     (tail + st.cap).saturating_sub(head)
 }
 
-/// Receives into the lanes' staging rings.
+/// Receives into the lanes' staging rings: each frame is a descriptor
+/// (its offset and length in the message, 16 bytes) and its payload, and
+/// starts 16-aligned.
 struct Staging<'a> {
     p: &'a Port,
 }
 
 impl Sink for Staging<'_> {
+    fn frame_start(&mut self, lane: usize, off: usize, flen: usize) -> bool {
+        let st = &self.p.stages[lane];
+        if stage_room(st) < DESC_BYTES {
+            return false;
+        }
+        let head = st.head.load(Ordering::Relaxed);
+        let mut d = [0u8; DESC_BYTES];
+        d[..8].copy_from_slice(&(off as u64).to_le_bytes());
+        d[8..].copy_from_slice(&(flen as u64).to_le_bytes());
+        // SAFETY: head is 16-aligned and the ring's size a multiple of 16, so
+        // the descriptor lies inside the ring, in room the executor has freed.
+        unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), st.buf.add(head % st.cap), DESC_BYTES) };
+        st.head.store(head + DESC_BYTES, Ordering::Release);
+        true
+    }
+
     fn space(&mut self, lane: usize, _off: usize, want: usize) -> Option<(*mut u8, usize)> {
         let st = &self.p.stages[lane];
         let head = st.head.load(Ordering::Relaxed);
@@ -552,7 +578,7 @@ impl Sink for Staging<'_> {
     fn frame_done(&mut self, lane: usize) {
         let st = &self.p.stages[lane];
         let head = st.head.load(Ordering::Relaxed);
-        st.head.store(align8(head), Ordering::Release);
+        st.head.store(align16(head), Ordering::Release);
     }
 }
 
@@ -641,10 +667,11 @@ pub(crate) struct IoLink {
     tx_avail: usize,
     rx_posted: bool,
     rx_count: u64,
-    /// Reducing receives: the frame being consumed, bytes of it consumed,
-    /// and where each lane's ring has been consumed to.
-    rx_frame: usize,
-    rx_in_frame: usize,
+    /// Reducing receives: the frames reduced so far, the frame each lane's
+    /// ring is in (offset, length, bytes reduced), and where each ring has
+    /// been consumed to.
+    rx_frames: FrameSet,
+    cur: [Option<(usize, usize, usize)>; super::tcp::MAX_LANES],
     pos: [usize; super::tcp::MAX_LANES],
     dead: bool,
 }
@@ -665,8 +692,8 @@ impl IoLink {
             tx_avail: 0,
             rx_posted: false,
             rx_count: 0,
-            rx_frame: 0,
-            rx_in_frame: 0,
+            rx_frames: FrameSet::default(),
+            cur: [None; super::tcp::MAX_LANES],
             pos: [0; super::tcp::MAX_LANES],
             dead: false,
         }
@@ -685,7 +712,12 @@ impl IoLink {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         match f {
-            Some(Failure::Header(h)) => header_error(cx, &h, len, self.peer, self.recv_msgs),
+            Some(Failure::Header(h)) => {
+                rx_error(cx, RxError::Header(h), len, self.peer, self.recv_msgs)
+            }
+            Some(Failure::Frame(off)) => {
+                rx_error(cx, RxError::Frame(off), len, self.peer, self.recv_msgs)
+            }
             Some(Failure::Io(e)) => cx.lost(self.peer, format!("TCP connection failed: {e}")),
             Some(Failure::Reset) | None => cx.lost(
                 self.peer,
@@ -775,8 +807,7 @@ impl IoLink {
             self.rx_count += 1;
             p.rx.posted.store(self.rx_count, Ordering::Release);
             self.rx_posted = true;
-            self.rx_frame = 0;
-            self.rx_in_frame = 0;
+            self.rx_frames.reset(self.framing.frames(m.len));
             m.header_seen = true;
             sh.kick();
             return Ok(true);
@@ -794,7 +825,7 @@ impl IoLink {
             // The I/O thread must be done with the job too (an empty
             // message is consumed before its header has even arrived), so
             // that the slot is free for the next one.
-            self.rx_frame >= self.framing.frames(m.len)
+            self.rx_frames.complete()
                 && self.port().rx.done.load(Ordering::Acquire) == self.rx_count
         };
         if done {
@@ -810,59 +841,95 @@ impl IoLink {
         Ok(moved)
     }
 
-    /// Reduces what the staging rings hold of the message, in frame order.
+    /// Reduces what the staging rings hold of the message.
     fn consume(&mut self, m: &mut RecvMsg, cx: &StepCx) -> bool {
         let sh = &self.set.shared;
         let p = &sh.ports[self.idx];
-        let fr = self.framing;
-        let frames = fr.frames(m.len);
+        let chunk = self.framing.chunk;
         let mut moved = false;
-        while self.rx_frame < frames {
-            let (off, flen) = fr.frame(m.len, self.rx_frame);
-            let s = self.rx_frame % fr.lanes;
+        for s in 0..self.framing.lanes {
             let st = &p.stages[s];
-            let left = flen - self.rx_in_frame;
-            if left > 0 {
-                let head = st.head.load(Ordering::Acquire);
-                let have = head.saturating_sub(self.pos[s]).min(left);
-                let whole = have - have % cx.elem;
-                if whole == 0 {
+            loop {
+                if self.rx_frames.complete() {
                     break;
                 }
-                let at = self.pos[s] % st.cap;
-                let first = whole.min(st.cap - at);
-                // SAFETY: [pos, pos + whole) of the ring holds received bytes
-                // (below `head`), whole elements at element-aligned ring
-                // offsets (frames start 8-aligned, the ring's size is a
-                // multiple of 8), in at most two pieces around the wrap; they
-                // belong at message offset off + rx_in_frame.
-                unsafe {
-                    m.deliver_at(off + self.rx_in_frame, st.buf.add(at), first, cx);
-                    if whole > first {
-                        m.deliver_at(off + self.rx_in_frame + first, st.buf, whole - first, cx);
+                let head = st.head.load(Ordering::Acquire);
+                let (off, flen, done) = match self.cur[s] {
+                    Some(c) => c,
+                    None => {
+                        if head < self.pos[s] + DESC_BYTES {
+                            break;
+                        }
+                        let mut d = [0u8; DESC_BYTES];
+                        // SAFETY: the descriptor is below `head` (published
+                        // with Release, loaded with Acquire), 16-aligned in a
+                        // ring whose size is a multiple of 16.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                st.buf.add(self.pos[s] % st.cap),
+                                d.as_mut_ptr(),
+                                DESC_BYTES,
+                            )
+                        };
+                        self.pos[s] += DESC_BYTES;
+                        let off = u64::from_le_bytes(d[..8].try_into().expect("8")) as usize;
+                        let flen = u64::from_le_bytes(d[8..].try_into().expect("8")) as usize;
+                        self.cur[s] = Some((off, flen, 0));
+                        moved = true;
+                        (off, flen, 0)
+                    }
+                };
+                if done < flen {
+                    let have = head.saturating_sub(self.pos[s]).min(flen - done);
+                    let whole = have - have % cx.elem;
+                    if whole == 0 {
+                        break;
+                    }
+                    let at = self.pos[s] % st.cap;
+                    let first = whole.min(st.cap - at);
+                    // SAFETY: [pos, pos + whole) of the ring holds received
+                    // bytes (below `head`), whole elements at element-aligned
+                    // ring offsets (payloads start 16-aligned, the ring's size
+                    // is a multiple of 16), in at most two pieces around the
+                    // wrap; the I/O thread checked that the frame lies inside
+                    // the message.
+                    unsafe {
+                        m.deliver_at(off + done, st.buf.add(at), first, cx);
+                        if whole > first {
+                            m.deliver_at(off + done + first, st.buf, whole - first, cx);
+                        }
+                    }
+                    self.pos[s] += whole;
+                    self.cur[s] = Some((off, flen, done + whole));
+                    moved = true;
+                    if done + whole < flen {
+                        st.tail.store(self.pos[s], Ordering::Release);
+                        sh.kick();
+                        break;
                     }
                 }
-                self.pos[s] += whole;
-                self.rx_in_frame += whole;
+                // The frame is complete; the next one in this ring starts aligned.
+                self.pos[s] = align16(self.pos[s]);
+                st.tail.store(self.pos[s], Ordering::Release);
+                sh.kick();
+                self.cur[s] = None;
+                self.rx_frames.set(off / chunk);
                 moved = true;
-                if self.rx_in_frame < flen {
-                    st.tail.store(self.pos[s], Ordering::Release);
-                    sh.kick();
-                    break;
-                }
             }
-            // The frame is complete; the next one in this ring starts aligned.
-            self.pos[s] = align8(self.pos[s]);
-            st.tail.store(self.pos[s], Ordering::Release);
-            sh.kick();
-            self.rx_frame += 1;
-            self.rx_in_frame = 0;
-            moved = true;
         }
-        m.got = if self.rx_frame >= frames {
+        let p0 = self.rx_frames.prefix();
+        m.got = if self.rx_frames.complete() {
             m.len
         } else {
-            fr.frame(m.len, self.rx_frame).0 + self.rx_in_frame
+            let (off, _) = self.framing.frame(m.len, p0);
+            let partial = self
+                .cur
+                .iter()
+                .take(self.framing.lanes)
+                .flatten()
+                .find(|c| c.0 == off)
+                .map_or(0, |c| c.2);
+            off + partial
         };
         moved
     }
