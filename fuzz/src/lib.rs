@@ -131,9 +131,10 @@ pub fn tcp_message(data: &[u8]) {
 /// frames); `data[3] % 4` picks how the rest becomes the bytes on the
 /// sockets:
 /// 0: raw: the rest, dealt out to the lanes in pieces whose sizes follow from it;
-/// 1: the well-formed message: frame `j` on the lane `rest[j] % lanes`, in
-///    order on each lane, a probe in front when `rest[j]` has bit 7 set; the
-///    payload bytes are the frame numbers;
+/// 1: the message: frame `j` on the lane `rest[j] % lanes`, in order on
+///    each lane, a probe in front when `rest[j]` has bit 7 set; the payload
+///    bytes are the frame numbers (well formed unless it is a single frame
+///    that is not on lane 0);
 /// 2: as 1, then one byte of one frame's header xored with a nonzero value
 ///    (`rest[16]` picks the frame, `rest[17]` the byte, `rest[18]` the value);
 /// 3: as 1 with the frames of each lane in reverse order (still well formed:
@@ -183,10 +184,14 @@ pub fn tcp_lanes(data: &[u8]) {
             if mode == 2 && j == byte(16) as usize % frames {
                 let (at, x) = (byte(17) as usize % 24, byte(18) | 1);
                 h[at] ^= x;
-                well_formed = at == 6 && x == 1;
+                well_formed &= at == 6 && x == 1;
             }
             f.extend_from_slice(&h);
             f.extend(std::iter::repeat_n(j as u8, flen));
+            if frames == 1 && !(c as usize).is_multiple_of(k) {
+                // A message of one frame travels on lane 0 only.
+                well_formed = false;
+            }
             per_lane[c as usize % k].push(f);
         }
         for (lane, fs) in lanes.iter_mut().zip(per_lane.iter_mut()) {

@@ -9,8 +9,9 @@
 //! shorter); each frame is the message's header (collective sequence
 //! number, tag, the message's number on the link, and the total length
 //! `L`), the frame's offset in the message (8 bytes), and its payload. A
-//! message of at most one chunk is one frame, on lane 0, and pays no extra
-//! latency; a larger one is spread over every lane.
+//! message of at most one chunk is one frame and always travels on lane 0,
+//! so that it pays no extra latency (the receiver waits on one socket); a
+//! larger one is spread over every lane.
 //!
 //! Frames are given to lanes as they become free: the sender hands the next
 //! frame to the next lane (in turn) that is not still busy writing one, so a
@@ -457,6 +458,7 @@ impl Lanes {
                 // one frame per lane per pass, so free lanes share the work.
                 if self.lanes[s].tx_frame.is_none()
                     && self.lanes[s].nop_sent >= hb
+                    && (s == 0 || self.tx_frames > 1)
                     && self.tx_next_ready(len, avail)
                 {
                     let l = &mut self.lanes[s];
@@ -555,7 +557,7 @@ impl Lanes {
                 let (off, _) = self.framing.frame(len, j);
                 l.tx_hdr < self.framing.hdr_bytes() || avail > off + l.tx_off
             }
-            None => self.tx_next_ready(len, avail),
+            None => (i == 0 || self.tx_frames > 1) && self.tx_next_ready(len, avail),
         }
     }
 
@@ -580,7 +582,18 @@ impl Lanes {
     /// Whether lane `i` may still carry frames of the message (for `poll`).
     pub(crate) fn rx_pending(&self, i: usize) -> bool {
         let l = &self.lanes[i];
-        !self.rx.complete() && !l.rx_stash && !l.rx_eof
+        i < self.rx_lanes() && !self.rx.complete() && !l.rx_stash && !l.rx_eof
+    }
+
+    /// The lanes that may carry frames of the message being received: a
+    /// message of one frame always travels on lane 0 (so a small message
+    /// costs one read while waiting), a longer one on any.
+    fn rx_lanes(&self) -> usize {
+        if self.rx.frames == 1 {
+            1
+        } else {
+            self.lanes.len()
+        }
     }
 
     /// The longest prefix of the message delivered so far: whole frames,
@@ -612,16 +625,20 @@ impl Lanes {
         let fr = self.framing;
         let hb = fr.hdr_bytes();
         let mut moved = false;
-        for s in 0..self.lanes.len() {
+        let lanes = self.rx_lanes();
+        for s in 0..lanes {
             loop {
                 if self.rx.complete() {
                     return Ok(moved);
                 }
+                if self.lanes[s].rx_eof && self.lanes[s].rx_frame.is_none() {
+                    if self.lanes[..lanes].iter().all(|l| l.rx_eof || l.rx_stash) {
+                        return Err(RxError::Io(io::ErrorKind::UnexpectedEof.into()));
+                    }
+                    break;
+                }
                 let l = &mut self.lanes[s];
                 if l.rx_frame.is_none() {
-                    if l.rx_eof {
-                        break;
-                    }
                     if l.rx_stash {
                         // The early header of this message: check it now.
                         l.rx_stash = false;
@@ -634,7 +651,7 @@ impl Lanes {
                                 // finished closes them all, each after the
                                 // frames it carried).
                                 l.rx_eof = true;
-                                if self.lanes.iter().all(|l| l.rx_eof || l.rx_stash) {
+                                if self.lanes[..lanes].iter().all(|l| l.rx_eof || l.rx_stash) {
                                     return Err(RxError::Io(io::ErrorKind::UnexpectedEof.into()));
                                 }
                                 break;
@@ -1072,10 +1089,16 @@ mod tests {
         let chunk = 4096;
         let (mut tx, rx) = pairs(2);
         let mut link = TcpLink::new(rx, 1, chunk).unwrap();
-        tx[1].write_all(&frame(0, 0, 0, &[])).unwrap();
+        let big: Vec<u8> = (0..2 * chunk).map(|i| (i % 249) as u8).collect();
+        tx[1]
+            .write_all(&frame(0, 2 * chunk, 0, &big[..chunk]))
+            .unwrap();
+        tx[1]
+            .write_all(&frame(0, 2 * chunk, chunk, &big[chunk..]))
+            .unwrap();
         // The peer is done and gone: lane 0 only says so.
         drop(tx);
-        assert_eq!(recv_all(&mut link, 0).unwrap(), b"");
+        assert_eq!(recv_all(&mut link, 2 * chunk).unwrap(), big);
         let r = recv_all(&mut link, 0);
         assert!(matches!(r, Err(Error::PeerLost { .. })), "{r:?}");
     }
