@@ -2,8 +2,9 @@
 # fuzz/run.sh [SECONDS] [TARGET...]: runs each cargo-fuzz target of tutti for
 # SECONDS (default 60) and prints its executions; exits non-zero on a crash
 # (the input is saved under fuzz/artifacts/TARGET/). Targets: store_request
-# (the bootstrap store's frame and request decoders) and tcp_message (the TCP
-# transport's receive path). The corpus grows in fuzz/corpus/TARGET (not
+# (the bootstrap store's frame and request decoders), tcp_message (the TCP
+# transport's receive path) and tcp_lanes (the same on a link of several
+# sockets). The corpus grows in fuzz/corpus/TARGET (not
 # committed), seeded from fuzz/seeds/TARGET.
 #
 # cargo-fuzz needs nightly-only compiler flags (-Z sanitizer=address, ...):
@@ -14,7 +15,7 @@ set -euo pipefail
 secs=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(store_request tcp_message)
+[ ${#targets[@]} -gt 0 ] || targets=(store_request tcp_message tcp_lanes)
 cd "$(dirname "$0")"
 
 if ! cargo fuzz --version > /dev/null 2>&1; then

@@ -7,7 +7,8 @@
 
 use std::io::Cursor;
 use tutti::fuzzing::{
-    parse_request, probe_header, read_frame, tcp_receive, valid_header, Request, MAX_FRAME,
+    lane_frame_header, parse_request, probe_header, read_frame, tcp_receive, tcp_receive_lanes,
+    valid_header, Request, LANES_CHUNK, MAX_FRAME,
 };
 
 /// `data` as a store request payload, then as a stream of `[u32 len][payload]`
@@ -120,6 +121,104 @@ pub fn tcp_message(data: &[u8]) {
         Err(e) => assert!(
             !well_formed,
             "refused a well-formed message of {len} bytes: {e}"
+        ),
+    }
+}
+
+/// A message striped over 2 or 3 sockets. `data[0]`: bit 0 = reducing
+/// receive, bit 1 = 3 lanes instead of 2; `data[1]`: the expected length in
+/// 1 KiB steps plus `data[2] % 4 * 4` bytes (at most 64 KiB, so up to 16
+/// frames); `data[3] % 4` picks how the rest becomes the bytes on the
+/// sockets:
+/// 0: raw: the rest, dealt out to the lanes in pieces whose sizes follow from it;
+/// 1: the message: frame `j` on the lane `rest[j] % lanes`, in order on
+///    each lane, a probe in front when `rest[j]` has bit 7 set; the payload
+///    bytes are the frame numbers (well formed unless it is a single frame
+///    that is not on lane 0);
+/// 2: as 1, then one byte of one frame's header xored with a nonzero value
+///    (`rest[16]` picks the frame, `rest[17]` the byte, `rest[18]` the value);
+/// 3: as 1 with the frames of each lane in reverse order (still well formed:
+///    order across lanes is free, and each lane carries whole frames).
+/// tutti must accept exactly the well-formed messages (a flipped bit 0 of
+/// the flags byte is still well formed: it is not part of the check) and
+/// return their payload in place; raw bytes must not crash or hang it.
+pub fn tcp_lanes(data: &[u8]) {
+    if data.len() < 4 {
+        return;
+    }
+    let reduce = data[0] & 1 == 1;
+    let k = if data[0] & 2 != 0 { 3 } else { 2 };
+    let len = ((data[1] as usize % 65) * 1024 + (data[2] as usize % 4) * 4).min(1 << 16);
+    let rest = &data[4..];
+    let mut lanes: Vec<Vec<u8>> = vec![Vec::new(); k];
+    let mode = data[3] % 4;
+    let frames = if len <= LANES_CHUNK {
+        1
+    } else {
+        len.div_ceil(LANES_CHUNK)
+    };
+    let byte = |i: usize| rest.get(i).copied().unwrap_or(i as u8);
+    let mut well_formed = true;
+    if mode == 0 {
+        let mut i = 0;
+        let mut lane = 0;
+        while i < rest.len() {
+            let n = (rest[i] as usize % 64 + 1).min(rest.len() - i);
+            lanes[lane % k].extend_from_slice(&rest[i..i + n]);
+            i += n;
+            lane += 1;
+        }
+        well_formed = false; // not judged: random bytes
+    } else {
+        let mut per_lane: Vec<Vec<Vec<u8>>> = vec![Vec::new(); k];
+        for j in 0..frames {
+            let off = j * LANES_CHUNK;
+            let flen = LANES_CHUNK.min(len - off.min(len));
+            let c = byte(j);
+            let mut f = Vec::new();
+            if c & 0x80 != 0 {
+                f.extend_from_slice(&probe_header());
+                f.extend_from_slice(&[0u8; 8]);
+            }
+            let mut h = lane_frame_header(len, off);
+            if mode == 2 && j == byte(16) as usize % frames {
+                let (at, x) = (byte(17) as usize % 24, byte(18) | 1);
+                h[at] ^= x;
+                well_formed &= at == 6 && x == 1;
+            }
+            f.extend_from_slice(&h);
+            f.extend(std::iter::repeat_n(j as u8, flen));
+            if frames == 1 && !(c as usize).is_multiple_of(k) {
+                // A message of one frame travels on lane 0 only.
+                well_formed = false;
+            }
+            per_lane[c as usize % k].push(f);
+        }
+        for (lane, fs) in lanes.iter_mut().zip(per_lane.iter_mut()) {
+            if mode == 3 {
+                fs.reverse();
+            }
+            for f in fs.iter() {
+                lane.extend_from_slice(f);
+            }
+        }
+    }
+    match tcp_receive_lanes(&lanes, len, reduce) {
+        Ok(got) => {
+            if mode != 0 {
+                assert!(well_formed, "accepted a malformed striped message");
+                if !reduce {
+                    for (i, b) in got.iter().enumerate() {
+                        assert_eq!(*b, (i / LANES_CHUNK) as u8, "byte {i} misplaced");
+                    }
+                }
+            }
+        }
+        Err(tutti::Error::Io { ctx, .. })
+            if ["bind", "addr", "connect", "accept"].contains(&ctx.as_str()) => {}
+        Err(e) => assert!(
+            mode == 0 || !well_formed,
+            "refused a well-formed striped message of {len} bytes: {e}"
         ),
     }
 }

@@ -29,6 +29,9 @@ pub enum TransportChoice {
 /// | `TUTTI_HOST_ID` | [`host_id`](Config::host_id) | hostname + boot id + network namespace |
 /// | `TUTTI_DETERMINISTIC` (`0`, `1`) | [`deterministic`](Config::deterministic) | 0 |
 /// | `TUTTI_TOPO_FILE` | [`topo_file`](Config::topo_file) | detect |
+/// | `TUTTI_TCP_SOCKETS` | [`tcp_sockets`](Config::tcp_sockets) | auto |
+/// | `TUTTI_TCP_CHUNK` | [`tcp_chunk`](Config::tcp_chunk) | 256 KiB |
+/// | `TUTTI_TCP_IO_THREAD` (`auto`, `0`, `1`) | [`tcp_io_thread`](Config::tcp_io_thread) | auto |
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Deadline of each operation.
@@ -57,6 +60,15 @@ pub struct Config {
     pub deterministic: bool,
     /// A saved topology (`tutti topo --json`) whose host grouping replaces detection.
     pub topo_file: Option<String>,
+    /// Sockets per TCP peer pair (1 to 8); `None` picks automatically. The
+    /// rank that dials (the higher one) decides for the pair.
+    pub tcp_sockets: Option<usize>,
+    /// Frame size of messages striped over several sockets (a power of two,
+    /// 4 KiB to 64 MiB); decided by the dialling rank.
+    pub tcp_chunk: usize,
+    /// Whether a communicator's TCP links get a dedicated I/O thread;
+    /// `None` decides by the number of cores per rank on this machine.
+    pub tcp_io_thread: Option<bool>,
 }
 
 impl Default for Config {
@@ -73,6 +85,9 @@ impl Default for Config {
             host_id: None,
             deterministic: false,
             topo_file: None,
+            tcp_sockets: None,
+            tcp_chunk: crate::transport::tcp::DEFAULT_CHUNK,
+            tcp_io_thread: None,
         }
     }
 }
@@ -159,6 +174,40 @@ impl Config {
                 ))
             })?;
             c.spin = Some(Duration::from_micros(us));
+        }
+        if let Some(v) = var("TUTTI_TCP_SOCKETS") {
+            if !v.trim().eq_ignore_ascii_case("auto") {
+                let max = crate::transport::tcp::MAX_LANES;
+                match v.trim().parse::<usize>() {
+                    Ok(k) if (1..=max).contains(&k) => c.tcp_sockets = Some(k),
+                    _ => {
+                        return Err(Error::Config(format!(
+                            "TUTTI_TCP_SOCKETS={v:?} must be auto or a number from 1 to {max}"
+                        )))
+                    }
+                }
+            }
+        }
+        if let Some(v) = var("TUTTI_TCP_CHUNK") {
+            let b = bytes("TUTTI_TCP_CHUNK", &v)?;
+            if !b.is_power_of_two() || !(4096..=64 << 20).contains(&b) {
+                return Err(Error::Config(format!(
+                    "TUTTI_TCP_CHUNK={v:?} must be a power of two from 4K to 64M"
+                )));
+            }
+            c.tcp_chunk = b;
+        }
+        if let Some(v) = var("TUTTI_TCP_IO_THREAD") {
+            c.tcp_io_thread = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => None,
+                "1" | "true" | "yes" | "on" => Some(true),
+                "0" | "false" | "no" | "off" => Some(false),
+                _ => {
+                    return Err(Error::Config(format!(
+                        "TUTTI_TCP_IO_THREAD={v:?}: use auto, 1 or 0"
+                    )))
+                }
+            };
         }
         c.socket_ifname = var("TUTTI_SOCKET_IFNAME");
         c.host_id = var("TUTTI_HOST_ID");

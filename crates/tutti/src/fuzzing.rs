@@ -21,7 +21,7 @@ pub fn tcp_receive(bytes: &[u8], expect_len: usize, reduce: bool) -> Result<()> 
     let (rx, _) = l.accept().map_err(|e| crate::Error::io("accept", e))?;
     let _ = tx.write_all(bytes);
     drop(tx);
-    let mut link = TcpLink::new(rx, 1)?;
+    let mut link = TcpLink::new(vec![rx], 1, crate::transport::tcp::DEFAULT_CHUNK)?;
     let expect_len = expect_len - expect_len % 4;
     let mut dst = vec![0u8; expect_len];
     let src = vec![0u8; expect_len];
@@ -51,6 +51,84 @@ pub fn tcp_receive(bytes: &[u8], expect_len: usize, reduce: bool) -> Result<()> 
         }
     }
     Ok(())
+}
+
+/// Frame size of the multi-lane harness ([`tcp_receive_lanes`]).
+pub const LANES_CHUNK: usize = 4096;
+
+/// Like [`tcp_receive`], for a link of `lanes.len()` sockets (2 to 8) with
+/// frames of [`LANES_CHUNK`] bytes: `lanes[i]` is what arrives on socket
+/// `i`, after which every socket is closed. Returns the received message
+/// (the reduced one for `reduce`, whose local operand is zeros), or what the
+/// link made of the bytes.
+pub fn tcp_receive_lanes(lanes: &[Vec<u8>], expect_len: usize, reduce: bool) -> Result<Vec<u8>> {
+    assert!((2..=crate::transport::tcp::MAX_LANES).contains(&lanes.len()));
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| crate::Error::io("bind", e))?;
+    let addr = l.local_addr().map_err(|e| crate::Error::io("addr", e))?;
+    let mut rx = Vec::new();
+    let mut writers = Vec::new();
+    for bytes in lanes {
+        let tx = TcpStream::connect(addr).map_err(|e| crate::Error::io("connect", e))?;
+        rx.push(l.accept().map_err(|e| crate::Error::io("accept", e))?.0);
+        let bytes = bytes.clone();
+        // A writer per socket: a lane's bytes may exceed its buffers.
+        writers.push(std::thread::spawn(move || {
+            let mut tx = tx;
+            let _ = tx.write_all(&bytes);
+        }));
+    }
+    let mut link = TcpLink::new(rx, 1, LANES_CHUNK)?;
+    let expect_len = expect_len - expect_len % 4;
+    let mut dst = vec![0u8; expect_len];
+    let src = vec![0u8; expect_len];
+    let mut cx = fuzz_cx();
+    let mut m = RecvMsg::new(dst.as_mut_ptr(), reduce.then_some(src.as_ptr()), expect_len);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut r = Ok(());
+    while !m.done {
+        if let Err(e) = link.recv(&mut m, &mut cx) {
+            r = Err(e);
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            r = Err(crate::Error::arg("fuzz harness: no progress"));
+            break;
+        }
+    }
+    drop(link);
+    for w in writers {
+        let _ = w.join();
+    }
+    r.map(|()| dst)
+}
+
+/// The 24-byte frame header of a multi-lane link: [`valid_header`]`(len)`
+/// followed by the frame's offset.
+pub fn lane_frame_header(len: usize, off: usize) -> [u8; 24] {
+    let mut h = [0u8; 24];
+    h[..16].copy_from_slice(&valid_header(len));
+    h[16..].copy_from_slice(&(off as u64).to_le_bytes());
+    h
+}
+
+fn fuzz_cx() -> StepCx {
+    StepCx {
+        rank: 0,
+        seq: 0,
+        coll_seq: 0,
+        tag: crate::transport::make_tag(
+            crate::CollKind::AllReduce,
+            DataType::F32,
+            ReduceOp::Sum,
+            0,
+        ),
+        op_name: "all_reduce",
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        elem: 4,
+        direct_bytes: usize::MAX,
+        bounce: vec![0u8; 4096],
+    }
 }
 
 /// The 16 bytes of a TCP liveness probe, which receivers skip.

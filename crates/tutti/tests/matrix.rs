@@ -86,3 +86,56 @@ const DIRECT: &[(&str, &str)] = &[("TUTTI_SHM_DIRECT_BYTES", "64K")];
 rank_test!(local_3_direct, Transport::Local, 3, DIRECT, matrix);
 rank_test!(shm_3_direct, Transport::Shm, 3, DIRECT, matrix);
 rank_test!(shm_4_direct, Transport::Shm, 4, DIRECT, matrix);
+
+// TCP striped over several sockets per pair, with small frames so that
+// every large message is cut into many; once driven by the executor, once
+// by the communicator's I/O thread (whose staging rings then wrap many
+// times), and the I/O thread next to shared memory (it rings the segment's
+// doorbell). The automatic choices depend on the machine; these force them.
+const LANES_INLINE: &[(&str, &str)] = &[
+    ("TUTTI_TCP_IO_THREAD", "0"),
+    ("TUTTI_TCP_SOCKETS", "4"),
+    ("TUTTI_TCP_CHUNK", "4K"),
+];
+const LANES_IO: &[(&str, &str)] = &[
+    ("TUTTI_TCP_IO_THREAD", "1"),
+    ("TUTTI_TCP_SOCKETS", "3"),
+    ("TUTTI_TCP_CHUNK", "8K"),
+];
+const IO_ONE_LANE: &[(&str, &str)] = &[("TUTTI_TCP_IO_THREAD", "1"), ("TUTTI_TCP_SOCKETS", "1")];
+rank_test!(tcp_3_lanes, Transport::Tcp, 3, LANES_INLINE, matrix);
+rank_test!(tcp_3_io_lanes, Transport::Tcp, 3, LANES_IO, matrix);
+rank_test!(tcp_2_io, Transport::Tcp, 2, IO_ONE_LANE, matrix);
+rank_test!(
+    hosts_2x2_io,
+    Transport::Hosts { per_host: 2 },
+    4,
+    LANES_IO,
+    matrix
+);
+
+/// Thousands of tiny ops back to back: empty and one-element reductions
+/// complete before (or as) their frame headers arrive, so this checks that
+/// the executor and the I/O thread hand message slots over in step.
+fn tiny_ops(comm: &Communicator, _ctx: &Ctx) {
+    let (n, r) = (comm.size(), comm.rank());
+    for i in 0..1500usize {
+        let mut empty: Vec<f32> = Vec::new();
+        comm.all_reduce(&mut empty, ReduceOp::Sum)
+            .expect("empty all_reduce");
+        let mut one = vec![(r + i) as f32];
+        comm.all_reduce(&mut one, ReduceOp::Sum)
+            .expect("all_reduce");
+        let want = (0..n).map(|q| (q + i) as f32).sum::<f32>();
+        assert_eq!(one[0], want, "op {i}");
+        let mut b = vec![if r == i % n { i as i32 } else { -1 }];
+        comm.broadcast(&mut b, i % n).expect("broadcast");
+        assert_eq!(b[0], i as i32, "op {i}");
+        let send: Vec<u8> = Vec::new();
+        let mut recv: Vec<u8> = Vec::new();
+        comm.reduce_scatter(&send, &mut recv, ReduceOp::Max)
+            .expect("empty reduce_scatter");
+    }
+}
+rank_test!(tcp_6_io_tiny_ops, Transport::Tcp, 6, LANES_IO, tiny_ops);
+rank_test!(tcp_3_tiny_ops, Transport::Tcp, 3, LANES_INLINE, tiny_ops);

@@ -154,6 +154,7 @@ impl Communicator {
                 config.clone(),
                 n,
                 Some((seg.clone(), r)),
+                None,
             );
             core.tune = tune_ctx(&topo, &config, true);
             out.push(Communicator {
@@ -195,9 +196,18 @@ impl Communicator {
             peer_pids,
             topo,
             segment,
+            io,
         } = j.conn;
         let ranks_here = ranks_on_machine;
-        let mut core = Core::new(links, peer_pids, rank, config.clone(), ranks_here, segment);
+        let mut core = Core::new(
+            links,
+            peer_pids,
+            rank,
+            config.clone(),
+            ranks_here,
+            segment,
+            io,
+        );
         core.tune = tune_ctx(&topo, &config, false);
         keep_rescue(&mut core, rescue.as_ref());
         // The measurement is cached per layout: which hosts, how many ranks

@@ -111,6 +111,7 @@ impl Communicator {
             self.config.clone(),
             ranks_here,
             conn.segment,
+            conn.io,
         );
         core.tune = super::tune_ctx(&conn.topo, &self.config, false);
         super::keep_rescue(&mut core, conn.rescue.as_ref());
@@ -209,6 +210,7 @@ impl Communicator {
             self.config.clone(),
             m,
             Some((seg, rank)),
+            None,
         );
         core.tune = super::tune_ctx(&topo, &self.config, true);
         Ok(Some(Communicator {

@@ -120,6 +120,11 @@ pub(crate) fn execute(
     }
     let r = run(sched, b, env, pad, esz);
     if r.is_err() {
+        for &q in &pad.peers {
+            if let Some(l) = env.links[q].as_mut() {
+                l.quiesce();
+            }
+        }
         // Buffers go back to the caller: no peer may still read them.
         for (i, st) in pad.states.iter().enumerate() {
             if let (Some(m), Some(q)) = (&st.send, sched.steps[i].send_peer()) {
@@ -426,29 +431,14 @@ fn poll_sockets(env: &Env<'_>, pad: &Scratchpad, nap: Duration) {
     let mut fds: Vec<libc::pollfd> = Vec::new();
     for &q in &pad.peers {
         if let Some(Link::Tcp(l)) = &env.links[q] {
-            let mut events = 0;
-            if !pad.recvq[q].is_empty() {
-                events |= libc::POLLIN;
-            }
-            // Ask for writability only if the head message has bytes to write
-            // (a fused step may still be waiting for its own input).
-            if let Some(&i) = pad.sendq[q].front() {
-                let st = &pad.states[i as usize];
-                if st
-                    .send
-                    .as_ref()
-                    .is_some_and(|m| !m.header_sent || m.sent < m.avail)
-                {
-                    events |= libc::POLLOUT;
-                }
-            }
-            if events != 0 {
-                fds.push(libc::pollfd {
-                    fd: l.fd(),
-                    events,
-                    revents: 0,
-                });
-            }
+            // Wait for the head messages: readable lanes for the incoming
+            // one, writable lanes only where the outgoing one has bytes to
+            // write (a fused step may still be waiting for its own input).
+            let recv = !pad.recvq[q].is_empty();
+            let send = pad.sendq[q]
+                .front()
+                .and_then(|&i| pad.states[i as usize].send.as_ref());
+            l.pollfds(send, recv, &mut fds);
         }
     }
     if fds.is_empty() {

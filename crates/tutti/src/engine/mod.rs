@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, ReduceOp};
 use crate::transport::shm::Doorbell;
+use crate::transport::tcp_io::IoSet;
 use crate::transport::{make_tag, Link, StepCx};
 use executor::{Buffers, Env, Scratchpad};
 use std::collections::HashMap;
@@ -54,6 +55,9 @@ pub(crate) struct Core {
     pub spin: (Duration, bool),
     /// Keeps the shared segment (and so the doorbell) alive.
     pub bell_owner: Option<Arc<crate::transport::shm::Segment>>,
+    /// The TCP I/O thread serving this communicator's TCP links, if any
+    /// (its doorbell is the one to sleep on when there is no segment).
+    pub io: Option<Arc<IoSet>>,
     pub local_index: usize,
     next_turn: u64,
     seq: u64,
@@ -85,9 +89,15 @@ impl Core {
         config: Config,
         ranks_here: usize,
         bell_owner: Option<(Arc<crate::transport::shm::Segment>, usize)>,
+        io: Option<Arc<IoSet>>,
     ) -> Core {
         let nranks = links.len();
-        let spin = config.spin_for(ranks_here);
+        // With an I/O thread each rank runs two busy threads.
+        let spin = config.spin_for(if io.is_some() {
+            2 * ranks_here
+        } else {
+            ranks_here
+        });
         let (bell_owner, local_index) = match bell_owner {
             Some((s, i)) => (Some(s), i),
             None => (None, 0),
@@ -100,6 +110,7 @@ impl Core {
             config,
             spin,
             bell_owner,
+            io,
             local_index,
             next_turn: 0,
             seq: 0,
@@ -118,7 +129,11 @@ impl Core {
     }
 
     fn bell(&self) -> Option<&Doorbell> {
-        self.bell_owner.as_ref().map(|s| s.bell(self.local_index))
+        match (&self.bell_owner, &self.io) {
+            (Some(s), _) => Some(s.bell(self.local_index)),
+            (None, Some(io)) => Some(io.bell()),
+            (None, None) => None,
+        }
     }
 
     /// Drops cached algorithm decisions (after the cost model changed).
@@ -345,7 +360,8 @@ impl Core {
                 timeout,
                 abort,
                 // SAFETY: the doorbell lives in the segment that `bell_owner`
-                // keeps alive for the whole life of this Core.
+                // (or in the I/O set that `io`) keeps alive for the whole
+                // life of this Core.
                 bell: bell_ptr.map(|p| unsafe { &*p }),
                 peer_pids: &self.peer_pids,
                 spin,
@@ -474,13 +490,17 @@ pub(crate) struct Engine {
     pub(crate) first_error: Arc<Mutex<Option<Error>>>,
     /// This rank's doorbell, to wake a sleeping op on abort.
     bell: Option<(Arc<crate::transport::shm::Segment>, usize)>,
+    /// The TCP I/O set, whose doorbell an op sleeps on when there is no segment.
+    io: Option<Arc<IoSet>>,
     worker: Mutex<Option<(mpsc::Sender<Job>, JoinHandle<()>)>>,
 }
 
 impl Engine {
     pub(crate) fn new(core: Core) -> Engine {
         let bell = core.bell_owner.clone().map(|s| (s, core.local_index));
+        let io = core.io.clone();
         Engine {
+            io,
             first_error: core.first_error.clone(),
             bell,
             core: Arc::new(Turns {
@@ -580,6 +600,8 @@ impl Engine {
             .get_or_insert(Error::Aborted);
         if let Some((seg, i)) = &self.bell {
             crate::transport::shm::abort_wake(seg.bell(*i));
+        } else if let Some(io) = &self.io {
+            crate::transport::shm::abort_wake(io.bell());
         }
         self.core.cv.notify_all();
     }

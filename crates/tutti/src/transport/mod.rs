@@ -10,8 +10,9 @@
 //!   or in a heap segment for ranks that are threads of one process (the
 //!   `local` transport). Large messages are read straight from the sender's
 //!   buffer.
-//! * [`tcp`]: a socket per peer pair, for ranks on different hosts (or on one
-//!   host with `TUTTI_TRANSPORT=tcp`).
+//! * [`tcp`]: one or more sockets per peer pair, for ranks on different
+//!   hosts (or on one host with `TUTTI_TRANSPORT=tcp`); large messages are
+//!   striped over the sockets in frames.
 //!
 //! Every message carries a 16-byte [`Header`] (op sequence number, a tag
 //! fingerprinting the collective and data type, length), so ranks that call
@@ -20,6 +21,7 @@
 pub(crate) mod shm;
 pub(crate) mod sys;
 pub(crate) mod tcp;
+pub(crate) mod tcp_io;
 
 use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, ReduceOp};
@@ -77,8 +79,10 @@ impl std::fmt::Display for TransportKind {
 pub(crate) enum Link {
     /// Shared-memory rings (shm or local).
     Ring(shm::RingLink, TransportKind),
-    /// A TCP socket.
+    /// TCP sockets driven by the executor.
     Tcp(tcp::TcpLink),
+    /// TCP sockets driven by the connection set's I/O thread.
+    TcpIo(tcp_io::IoLink),
 }
 
 impl Link {
@@ -87,6 +91,7 @@ impl Link {
         match self {
             Link::Ring(l, _) => l.send(m, cx),
             Link::Tcp(l) => l.send(m, cx),
+            Link::TcpIo(l) => l.send(m, cx),
         }
     }
 
@@ -95,6 +100,7 @@ impl Link {
         match self {
             Link::Ring(l, _) => l.recv(m, cx),
             Link::Tcp(l) => l.recv(m, cx),
+            Link::TcpIo(l) => l.recv(m, cx),
         }
     }
 
@@ -104,6 +110,7 @@ impl Link {
         match self {
             Link::Ring(l, _) => l.announce_failure(),
             Link::Tcp(l) => l.shutdown(),
+            Link::TcpIo(l) => l.shutdown(),
         }
     }
 
@@ -112,7 +119,8 @@ impl Link {
     pub(crate) fn probe(&mut self, cx: &StepCx) -> Result<()> {
         match self {
             Link::Tcp(l) => l.probe(cx),
-            Link::Ring(..) => Ok(()),
+            // The I/O thread probes by itself.
+            Link::TcpIo(_) | Link::Ring(..) => Ok(()),
         }
     }
 
@@ -123,11 +131,19 @@ impl Link {
         }
     }
 
+    /// After a failed op: ensures no other thread still uses the op's
+    /// buffers for this link (the TCP I/O thread drops its jobs).
+    pub(crate) fn quiesce(&mut self) {
+        if let Link::TcpIo(l) = self {
+            l.quiesce();
+        }
+    }
+
     /// True if the peer is known to have failed.
     pub(crate) fn peer_failed(&self) -> bool {
         match self {
             Link::Ring(l, _) => l.peer_failed(),
-            Link::Tcp(_) => false,
+            Link::Tcp(_) | Link::TcpIo(_) => false,
         }
     }
 
@@ -135,7 +151,7 @@ impl Link {
     pub(crate) fn kind(&self) -> TransportKind {
         match self {
             Link::Ring(_, k) => *k,
-            Link::Tcp(_) => TransportKind::Tcp,
+            Link::Tcp(_) | Link::TcpIo(_) => TransportKind::Tcp,
         }
     }
 }
@@ -213,6 +229,26 @@ impl RecvMsg {
             }
         }
         self.got += k;
+    }
+
+    /// Copies or reduces `k` payload bytes at `src` into place at message
+    /// offset `off`, without touching `got` (for links that deliver parts of
+    /// a message out of order).
+    ///
+    /// # Safety
+    /// `src` must be valid for `k` bytes and must not overlap `dst`;
+    /// `off + k <= len`; for a reduce, `off` and `k` are whole elements.
+    pub(crate) unsafe fn deliver_at(&self, off: usize, src: *const u8, k: usize, cx: &StepCx) {
+        debug_assert!(off + k <= self.len);
+        // SAFETY: the message's dst (and reduce_src) are valid for len bytes
+        // (the executor guarantees it) and off + k <= len.
+        unsafe {
+            let d = self.dst.add(off);
+            match self.reduce_src {
+                None => std::ptr::copy_nonoverlapping(src, d, k),
+                Some(a) => reduce::reduce(cx.dtype, cx.op, d, a.add(off), src, k),
+            }
+        }
     }
 }
 

@@ -61,6 +61,17 @@ pub(crate) struct Doorbell {
     pub(crate) aborted: AtomicU32,
 }
 
+impl Doorbell {
+    /// A doorbell outside any segment (in the heap of one process).
+    pub(crate) fn new() -> Doorbell {
+        Doorbell {
+            seq: AtomicU32::new(0),
+            sleepers: AtomicU32::new(0),
+            aborted: AtomicU32::new(0),
+        }
+    }
+}
+
 #[repr(C)]
 struct RingCtl {
     head: CachePadded<AtomicU64>,
@@ -253,9 +264,9 @@ impl Drop for Segment {
     }
 }
 
-/// Wakes local rank `who` if it sleeps.
+/// Wakes the owner of `bell` if it sleeps.
 #[inline]
-fn notify(bell: &Doorbell) {
+pub(crate) fn notify(bell: &Doorbell) {
     fence(Ordering::SeqCst);
     if bell.sleepers.load(Ordering::Relaxed) != 0 {
         bell.seq.fetch_add(1, Ordering::SeqCst);

@@ -1,44 +1,115 @@
-//! The TCP transport: one non-blocking socket per peer pair, driven by the
-//! executor. Payloads are read straight into the destination buffer; a
-//! reducing receive reads into the bounce buffer and reduces whole elements,
-//! carrying a partial element over to the next read.
+//! The TCP transport.
+//!
+//! # Lanes and frames
+//!
+//! A link to a peer is `K` connected sockets, its *lanes* (`K` is chosen at
+//! set-up by the rank that dials, see [`Framing`]). With one lane, a message
+//! is its 16-byte [`Header`] and its payload. With several, a message of `L`
+//! bytes is cut on a fixed grid into frames of `chunk` bytes (the last one
+//! shorter); each frame is the message's header (collective sequence
+//! number, tag, the message's number on the link, and the total length
+//! `L`), the frame's offset in the message (8 bytes), and its payload. A
+//! message of at most one chunk is one frame and always travels on lane 0,
+//! so that it pays no extra latency (the receiver waits on one socket); a
+//! larger one is spread over every lane.
+//!
+//! Frames are given to lanes as they become free: the sender hands the next
+//! frame to the next lane (in turn) that is not still busy writing one, so a
+//! lane that runs slower (a congested path, an unlucky hash) carries fewer
+//! frames instead of holding up the whole message, as a fixed stripe would.
+//! `TCP_NOTSENT_LOWAT` keeps each lane's unsent queue short, so that "busy"
+//! means what it says. The receiver reads a frame's offset from its header,
+//! puts the payload there, and keeps a bitmap of the frames it has, which
+//! says when the message is complete and how long its complete prefix is (a
+//! fused step forwards that prefix).
+//!
+//! Every frame header is checked against what the receiver expects, so a
+//! frame of another op, another length or another message number on any
+//! lane is an [`Error::Mismatch`]; so is an offset off the grid, beyond the
+//! message, or seen twice. One exception: on a link with several lanes, a
+//! frame of a *later* message may arrive on one lane while the current
+//! message still has frames in flight on another (the sender moved on after
+//! writing them, and later messages may have gone entirely on other lanes);
+//! that header is kept, the lane pauses, and the header is checked when its
+//! message's turn comes.
+//!
+//! A liveness probe ([`NOP`]) may appear between frames on any lane and is
+//! skipped by the receiver.
+//!
+//! # Who does the system calls
+//!
+//! [`TcpLink`] moves frames with non-blocking reads and writes on the
+//! executor's thread (the *inline* mode). Payloads are read straight into
+//! the destination buffer; a reducing receive reads into the bounce buffer
+//! and reduces whole elements, carrying a partial element (per lane) over to
+//! the next read. The lane machinery ([`Lanes`]) is shared with the I/O
+//! thread mode in [`super::tcp_io`], where a dedicated thread does the
+//! system calls.
 
-use super::{msg_flags, Header, RecvMsg, SendMsg, StepCx, HEADER_BYTES};
+use super::{msg_flags, Header, RecvMsg, SendMsg, StepCx, HEADER_BYTES, P2P_SEQ};
 use crate::error::{Error, Result};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-/// A connected, non-blocking socket to one peer.
-pub(crate) struct TcpLink {
-    sock: TcpStream,
-    peer: usize,
-    /// Header being written, and how much of it has gone.
-    out_hdr: [u8; HEADER_BYTES],
-    out_hdr_sent: usize,
-    /// Header being read, and how much of it has arrived.
-    in_hdr: [u8; HEADER_BYTES],
-    in_hdr_got: usize,
-    /// Bytes of a partial element left over from the previous read.
-    carry: [u8; 8],
-    carry_len: usize,
-    /// Messages sent and received on this link.
-    sent_msgs: u32,
-    recv_msgs: u32,
-    /// A liveness probe being written (`nop_sent < HEADER_BYTES`).
-    nop_sent: usize,
-    /// True between the first and last byte of an outgoing message.
-    in_msg: bool,
-    /// When bytes last arrived, and when we last probed.
-    last_heard: Instant,
-    last_probe: Instant,
+/// The most sockets a link may have.
+pub(crate) const MAX_LANES: usize = 8;
+
+/// Frames are at most this long when a link has several lanes.
+pub(crate) const DEFAULT_CHUNK: usize = 256 << 10;
+
+/// Socket buffer size asked for, when the system allows it.
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// The longest frame header: a message header and a frame offset.
+pub(crate) const FRAME_HDR_MAX: usize = HEADER_BYTES + 8;
+
+/// How a link cuts messages into frames: `lanes` sockets, frames of at most
+/// `chunk` bytes (a power of two, at least 4 KiB, so that frames start on
+/// element boundaries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Framing {
+    pub lanes: usize,
+    pub chunk: usize,
+}
+
+impl Framing {
+    /// Frames of a message of `len` bytes (at least one, also for 0 bytes).
+    pub(crate) fn frames(&self, len: usize) -> usize {
+        if self.lanes == 1 || len <= self.chunk {
+            1
+        } else {
+            len.div_ceil(self.chunk)
+        }
+    }
+
+    /// Offset and length of frame `j` of a message of `len` bytes.
+    pub(crate) fn frame(&self, len: usize, j: usize) -> (usize, usize) {
+        if self.lanes == 1 || len <= self.chunk {
+            (0, len)
+        } else {
+            let off = j * self.chunk;
+            (off, self.chunk.min(len - off))
+        }
+    }
+
+    /// Bytes of a frame header: the message header, plus the frame's
+    /// offset when there are several lanes.
+    pub(crate) fn hdr_bytes(&self) -> usize {
+        if self.lanes == 1 {
+            HEADER_BYTES
+        } else {
+            FRAME_HDR_MAX
+        }
+    }
 }
 
 /// A liveness probe: a header with no message, which the receiver skips. It
 /// gives the kernel unacknowledged data to time out on when the peer's host
 /// has vanished without a word. Its sequence number and tag are reserved
-/// values no message carries.
+/// values no message carries. (On a link with several lanes it is followed
+/// by 8 zero bytes, the size of a frame offset.)
 pub const NOP: Header = Header {
     seq: u32::MAX - 1,
     tag: u16::MAX,
@@ -46,100 +117,821 @@ pub const NOP: Header = Header {
     len: 0,
 };
 
+fn nop_bytes() -> [u8; FRAME_HDR_MAX] {
+    let mut b = [0u8; FRAME_HDR_MAX];
+    b[..HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&NOP));
+    b
+}
+
 /// Probe a peer that has been silent this long while we wait for it.
-const PROBE_AFTER: std::time::Duration = std::time::Duration::from_millis(300);
+pub(crate) const PROBE_AFTER: Duration = Duration::from_millis(300);
+
+/// What a receiver expects of every frame of the message it receives.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Expect {
+    pub coll_seq: u32,
+    pub tag: u16,
+    pub len: usize,
+    /// The message's number on the link.
+    pub n: u32,
+}
+
+impl Expect {
+    /// True if `h` is a frame of this message (the test of
+    /// [`StepCx::check_header`], which explains a failure).
+    pub(crate) fn matches(&self, h: &Header) -> bool {
+        h.flags & !1 == msg_flags(self.n)
+            && h.tag == self.tag
+            && (h.seq == self.coll_seq || h.seq == P2P_SEQ || self.coll_seq == P2P_SEQ)
+            && h.len == self.len as u64
+    }
+}
+
+/// Why receiving stopped.
+#[derive(Debug)]
+pub(crate) enum RxError {
+    /// The connection failed.
+    Io(io::Error),
+    /// A frame header that does not belong to the expected message.
+    Header(Header),
+    /// A frame of the right message at an impossible offset.
+    Frame(u64),
+}
+
+/// The error for a receive that stopped with `e`, on the message number `n`
+/// of `len` bytes from `peer`.
+pub(crate) fn rx_error(cx: &StepCx, e: RxError, len: usize, peer: usize, n: u32) -> Error {
+    match e {
+        RxError::Io(e) => cx.lost(peer, format!("TCP connection failed: {e}")),
+        RxError::Header(h) => match cx.check_header(&h, len, peer, n) {
+            Err(e) => e,
+            Ok(()) => Error::Mismatch {
+                rank: cx.rank,
+                peer,
+                seq: cx.seq,
+                msg: format!("unexpected frame header from rank {peer}: {h:?}"),
+            },
+        },
+        RxError::Frame(off) => Error::Mismatch {
+            rank: cx.rank,
+            peer,
+            seq: cx.seq,
+            msg: format!(
+                "{} (op #{}): rank {peer} sent a frame at offset {off} of a {len}-byte message, which is off the frame grid, beyond the end or repeated (lost or repeated data)",
+                cx.op_name, cx.seq
+            ),
+        },
+    }
+}
+
+/// How far ahead of the expected message `n` a frame of a later message
+/// may be (message numbers are 15 bits and wrap).
+const MAX_AHEAD: u16 = 4096;
+
+/// True if message number `got` (15 bits) is a little after `n`'s.
+fn is_ahead(got: u16, n: u32) -> bool {
+    let d = got.wrapping_sub((n & 0x7fff) as u16) & 0x7fff;
+    (1..MAX_AHEAD).contains(&d)
+}
+
+/// Where received payload goes.
+pub(crate) trait Sink {
+    /// A frame of `flen` bytes at message offset `off` starts on `lane`;
+    /// false if it cannot start now (no room), in which case it is offered
+    /// again later.
+    fn frame_start(&mut self, _lane: usize, _off: usize, _flen: usize) -> bool {
+        true
+    }
+    /// Room for up to `want` payload bytes of lane `lane` that belong at
+    /// message offset `off`: a pointer and how many bytes may be written
+    /// there, or `None` when there is no room now.
+    fn space(&mut self, lane: usize, off: usize, want: usize) -> Option<(*mut u8, usize)>;
+    /// `k` bytes were written to the last space given for `lane`.
+    fn commit(&mut self, lane: usize, off: usize, k: usize);
+    /// The frame `lane` was receiving is complete.
+    fn frame_done(&mut self, _lane: usize) {}
+}
+
+/// Which frames of a message have arrived.
+#[derive(Default)]
+pub(crate) struct FrameSet {
+    bits: Vec<u64>,
+    frames: usize,
+    count: usize,
+    /// Frames 0..prefix have all arrived.
+    prefix: usize,
+}
+
+impl FrameSet {
+    /// Starts a message of `frames` frames (allocates only for a message
+    /// with more frames than any before).
+    pub(crate) fn reset(&mut self, frames: usize) {
+        let words = frames.div_ceil(64);
+        if self.bits.len() < words {
+            self.bits.resize(words, 0);
+        }
+        self.bits[..words].fill(0);
+        self.frames = frames;
+        self.count = 0;
+        self.prefix = 0;
+    }
+
+    /// Whether frame `i` has arrived.
+    pub(crate) fn has(&self, i: usize) -> bool {
+        self.bits[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    /// Marks frame `i` as arrived.
+    pub(crate) fn set(&mut self, i: usize) {
+        self.bits[i / 64] |= 1 << (i % 64);
+        self.count += 1;
+        while self.prefix < self.frames && self.has(self.prefix) {
+            self.prefix += 1;
+        }
+    }
+
+    /// True once every frame has arrived.
+    pub(crate) fn complete(&self) -> bool {
+        self.count == self.frames
+    }
+
+    /// The first frame that has not arrived (`frames` when all have).
+    pub(crate) fn prefix(&self) -> usize {
+        self.prefix
+    }
+}
+
+/// One socket of a link and where each direction stands on it.
+pub(crate) struct Lane {
+    pub(crate) sock: TcpStream,
+    /// Sending: the frame being written, its header, and how much of the
+    /// header and payload have gone.
+    tx_frame: Option<usize>,
+    tx_hbuf: [u8; FRAME_HDR_MAX],
+    tx_hdr: usize,
+    tx_off: usize,
+    /// Bytes of a liveness probe written (`hdr_bytes` when none is pending).
+    nop_sent: usize,
+    /// Receiving: the frame header so far, the frame being read (and
+    /// whether the sink has started it), payload bytes read, and whether
+    /// `rx_hbuf` holds the next message's first header (kept for later).
+    rx_hbuf: [u8; FRAME_HDR_MAX],
+    rx_hdr_got: usize,
+    rx_frame: Option<usize>,
+    rx_begun: bool,
+    rx_read: usize,
+    rx_stash: bool,
+    /// The peer closed this lane (at a frame boundary).
+    rx_eof: bool,
+}
+
+impl Lane {
+    fn new(sock: TcpStream, hdr_bytes: usize) -> Lane {
+        Lane {
+            sock,
+            tx_frame: None,
+            tx_hbuf: [0; FRAME_HDR_MAX],
+            tx_hdr: 0,
+            tx_off: 0,
+            nop_sent: hdr_bytes,
+            rx_hbuf: [0; FRAME_HDR_MAX],
+            rx_hdr_got: 0,
+            rx_frame: None,
+            rx_begun: false,
+            rx_read: 0,
+            rx_stash: false,
+            rx_eof: false,
+        }
+    }
+
+    /// Writes what is left of a probe; true when it is all out.
+    fn flush_nop(&mut self, hb: usize) -> io::Result<bool> {
+        let nop = nop_bytes();
+        while self.nop_sent < hb {
+            match (&self.sock).write(&nop[self.nop_sent..hb]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(k) => self.nop_sent += k,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Configures a connected socket for a lane: non-blocking, `TCP_NODELAY`,
+/// large buffers where the system allows them, keepalive and a user
+/// timeout; with several lanes, a short unsent queue.
+pub(crate) fn configure(sock: &TcpStream, framing: Framing) -> Result<()> {
+    sock.set_nonblocking(true)
+        .and_then(|_| sock.set_nodelay(true))
+        .map_err(|e| Error::io("configuring a TCP link", e))?;
+    let s = socket2::SockRef::from(sock);
+    // An explicit size turns the kernel's buffer autotuning off and is
+    // capped at net.core.{w,r}mem_max (often 208 KiB): ask only where the
+    // cap allows the large buffer, else leave autotuning on.
+    if sysctl_usize("/proc/sys/net/core/wmem_max").is_some_and(|m| m >= SOCKET_BUFFER) {
+        let _ = s.set_send_buffer_size(SOCKET_BUFFER);
+    }
+    if sysctl_usize("/proc/sys/net/core/rmem_max").is_some_and(|m| m >= SOCKET_BUFFER) {
+        let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
+    }
+    if framing.lanes > 1 {
+        // A lane reports itself busy (EAGAIN) once this much is queued but
+        // not yet sent, so that frames go to the lanes that move.
+        let lowat: libc::c_int = (2 * framing.chunk).max(512 << 10) as libc::c_int;
+        // SAFETY: setsockopt on a valid socket with a pointer to a c_int
+        // and its size.
+        unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_NOTSENT_LOWAT,
+                &lowat as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
+    // A peer whose host vanished sends no reset: data left unacknowledged
+    // for 0.6 s fails the connection (at the next retransmission) (and the
+    // failure then spreads to the other ranks at once); an idle connection
+    // is probed after a second of silence. A live peer's kernel
+    // acknowledges even while its process is busy, so slowness is not
+    // mistaken for death.
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(1))
+        .with_interval(Duration::from_secs(1))
+        .with_retries(1);
+    let _ = s.set_tcp_keepalive(&ka);
+    let _ = s.set_tcp_user_timeout(Some(Duration::from_millis(600)));
+    Ok(())
+}
+
+fn sysctl_usize(path: &str) -> Option<usize> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The lanes of one link and the frame machinery over them. Each method
+/// moves as much as the sockets take without blocking.
+pub(crate) struct Lanes {
+    pub(crate) lanes: Vec<Lane>,
+    pub(crate) framing: Framing,
+    /// Sending: the message's frames, the next frame to hand out, and the
+    /// lane to offer it to first.
+    tx_frames: usize,
+    tx_next: usize,
+    tx_turn: usize,
+    /// Receiving: which frames of the current message have arrived.
+    rx: FrameSet,
+}
+
+impl Lanes {
+    /// Wraps connected sockets (lane `i` is `socks[i]`), configuring each.
+    pub(crate) fn new(socks: Vec<TcpStream>, chunk: usize) -> Result<Lanes> {
+        assert!(!socks.is_empty() && socks.len() <= MAX_LANES);
+        let framing = Framing {
+            lanes: socks.len(),
+            chunk,
+        };
+        for s in &socks {
+            configure(s, framing)?;
+        }
+        let hb = framing.hdr_bytes();
+        Ok(Lanes {
+            framing,
+            lanes: socks.into_iter().map(|s| Lane::new(s, hb)).collect(),
+            tx_frames: 0,
+            tx_next: 0,
+            tx_turn: 0,
+            rx: FrameSet::default(),
+        })
+    }
+
+    /// Prepares to send a message of `len` bytes.
+    pub(crate) fn tx_start(&mut self, len: usize) {
+        self.tx_frames = self.framing.frames(len);
+        self.tx_next = 0;
+        self.tx_turn = 0;
+        for l in &mut self.lanes {
+            l.tx_frame = None;
+        }
+    }
+
+    /// True once every frame of the message has been written.
+    pub(crate) fn tx_done(&self) -> bool {
+        self.tx_next >= self.tx_frames && self.lanes.iter().all(|l| l.tx_frame.is_none())
+    }
+
+    /// Whether the next frame may be handed out: frames go in order, each
+    /// once some of its bytes are ready (or it is empty).
+    fn tx_next_ready(&self, len: usize, avail: usize) -> bool {
+        if self.tx_next >= self.tx_frames {
+            return false;
+        }
+        let (off, flen) = self.framing.frame(len, self.tx_next);
+        flen == 0 || avail > off
+    }
+
+    /// Writes frames of the message at `ptr` (`len` bytes, of which the first
+    /// `avail` are ready) headed by `hdr`. Returns whether anything moved.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads of `avail` bytes, and those bytes must
+    /// not change until the message is done.
+    pub(crate) unsafe fn tx(
+        &mut self,
+        ptr: *const u8,
+        len: usize,
+        avail: usize,
+        hdr: &[u8; HEADER_BYTES],
+    ) -> io::Result<bool> {
+        let fr = self.framing;
+        let hb = fr.hdr_bytes();
+        let k = self.lanes.len();
+        let mut moved = false;
+        loop {
+            let mut pass = false;
+            for step in 0..k {
+                let s = (self.tx_turn + step) % k;
+                // A lane that finished its frame takes the next one in turn,
+                // one frame per lane per pass, so free lanes share the work.
+                if self.lanes[s].tx_frame.is_none()
+                    && self.lanes[s].nop_sent >= hb
+                    && (s == 0 || self.tx_frames > 1)
+                    && self.tx_next_ready(len, avail)
+                {
+                    let l = &mut self.lanes[s];
+                    let (off, _) = fr.frame(len, self.tx_next);
+                    l.tx_hbuf[..HEADER_BYTES].copy_from_slice(hdr);
+                    l.tx_hbuf[HEADER_BYTES..].copy_from_slice(&(off as u64).to_le_bytes());
+                    l.tx_frame = Some(self.tx_next);
+                    l.tx_hdr = 0;
+                    l.tx_off = 0;
+                    self.tx_next += 1;
+                    self.tx_turn = (s + 1) % k;
+                }
+                let l = &mut self.lanes[s];
+                // SAFETY: forwarded from the caller.
+                let m = unsafe { Self::tx_lane(l, fr, hb, ptr, len, avail)? };
+                pass |= m;
+            }
+            moved |= pass;
+            if !pass {
+                return Ok(moved);
+            }
+        }
+    }
+
+    /// Moves lane `l`'s probe and frame as far as its socket takes them.
+    ///
+    /// # Safety
+    /// As for [`Lanes::tx`].
+    unsafe fn tx_lane(
+        l: &mut Lane,
+        fr: Framing,
+        hb: usize,
+        ptr: *const u8,
+        len: usize,
+        avail: usize,
+    ) -> io::Result<bool> {
+        let mut moved = false;
+        if l.nop_sent < hb {
+            // A probe goes out whole before the next frame starts.
+            let before = l.nop_sent;
+            let done = l.flush_nop(hb)?;
+            moved = l.nop_sent != before;
+            if !done {
+                return Ok(moved);
+            }
+        }
+        while let Some(j) = l.tx_frame {
+            let (off, flen) = fr.frame(len, j);
+            if l.tx_hdr == hb && l.tx_off == flen {
+                l.tx_frame = None;
+                moved = true;
+                break;
+            }
+            let at = off + l.tx_off;
+            let ready = avail.min(off + flen).saturating_sub(at);
+            let hdr_left = hb - l.tx_hdr;
+            if hdr_left == 0 && ready == 0 {
+                break; // waiting for the bytes to become ready
+            }
+            // SAFETY: at + ready <= avail: the caller guarantees these bytes
+            // are readable and stable.
+            let payload = unsafe { std::slice::from_raw_parts(ptr.add(at), ready) };
+            let r = if hdr_left > 0 {
+                let bufs = [
+                    IoSlice::new(&l.tx_hbuf[l.tx_hdr..hb]),
+                    IoSlice::new(payload),
+                ];
+                (&l.sock).write_vectored(&bufs)
+            } else {
+                (&l.sock).write(payload)
+            };
+            match r {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    moved = true;
+                    let h = n.min(hdr_left);
+                    l.tx_hdr += h;
+                    l.tx_off += n - h;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Whether lane `i` has something to write now (for `poll`).
+    pub(crate) fn tx_wants_write(&self, i: usize, len: usize, avail: usize) -> bool {
+        let l = &self.lanes[i];
+        if l.nop_sent < self.framing.hdr_bytes() {
+            return true;
+        }
+        match l.tx_frame {
+            Some(j) => {
+                let (off, _) = self.framing.frame(len, j);
+                l.tx_hdr < self.framing.hdr_bytes() || avail > off + l.tx_off
+            }
+            None => (i == 0 || self.tx_frames > 1) && self.tx_next_ready(len, avail),
+        }
+    }
+
+    /// Prepares to receive a message of `len` bytes (a header of it that
+    /// arrived early stays, to be checked first).
+    pub(crate) fn rx_start(&mut self, len: usize) {
+        self.rx.reset(self.framing.frames(len));
+        for l in &mut self.lanes {
+            l.rx_frame = None;
+            l.rx_read = 0;
+            if !l.rx_stash {
+                l.rx_hdr_got = 0;
+            }
+        }
+    }
+
+    /// True once every frame of the message has been read.
+    pub(crate) fn rx_done(&self) -> bool {
+        self.rx.complete()
+    }
+
+    /// Whether lane `i` may still carry frames of the message (for `poll`).
+    pub(crate) fn rx_pending(&self, i: usize) -> bool {
+        let l = &self.lanes[i];
+        i < self.rx_lanes() && !self.rx.complete() && !l.rx_stash && !l.rx_eof
+    }
+
+    /// The lanes that may carry frames of the message being received: a
+    /// message of one frame always travels on lane 0 (so a small message
+    /// costs one read while waiting), a longer one on any.
+    fn rx_lanes(&self) -> usize {
+        if self.rx.frames == 1 {
+            1
+        } else {
+            self.lanes.len()
+        }
+    }
+
+    /// The longest prefix of the message delivered so far: whole frames,
+    /// then what a lane has read of the first missing frame, minus
+    /// `held(lane)` (bytes a sink holds back, such as a partial element).
+    pub(crate) fn rx_prefix(&self, len: usize, held: impl Fn(usize) -> usize) -> usize {
+        let p = self.rx.prefix();
+        if self.rx.complete() {
+            return len;
+        }
+        let (off, _) = self.framing.frame(len, p);
+        let partial = self
+            .lanes
+            .iter()
+            .enumerate()
+            .find(|(_, l)| l.rx_frame == Some(p))
+            .map_or(0, |(s, l)| l.rx_read - held(s));
+        off + partial
+    }
+
+    /// Reads frames of the expected message into `sink`. Returns whether
+    /// anything moved; `heard` is set when bytes arrived.
+    pub(crate) fn rx(
+        &mut self,
+        ex: &Expect,
+        sink: &mut impl Sink,
+        heard: &mut bool,
+    ) -> std::result::Result<bool, RxError> {
+        let fr = self.framing;
+        let hb = fr.hdr_bytes();
+        let mut moved = false;
+        let lanes = self.rx_lanes();
+        for s in 0..lanes {
+            loop {
+                if self.rx.complete() {
+                    return Ok(moved);
+                }
+                if self.lanes[s].rx_eof && self.lanes[s].rx_frame.is_none() {
+                    if self.lanes[..lanes].iter().all(|l| l.rx_eof || l.rx_stash) {
+                        return Err(RxError::Io(io::ErrorKind::UnexpectedEof.into()));
+                    }
+                    break;
+                }
+                let l = &mut self.lanes[s];
+                if l.rx_frame.is_none() {
+                    if l.rx_stash {
+                        // The early header of this message: check it now.
+                        l.rx_stash = false;
+                        l.rx_hdr_got = 0;
+                    } else {
+                        match (&l.sock).read(&mut l.rx_hbuf[l.rx_hdr_got..hb]) {
+                            Ok(0) if l.rx_hdr_got == 0 => {
+                                // Closed between frames: what is missing may
+                                // still come on another lane (a peer that
+                                // finished closes them all, each after the
+                                // frames it carried).
+                                l.rx_eof = true;
+                                if self.lanes[..lanes].iter().all(|l| l.rx_eof || l.rx_stash) {
+                                    return Err(RxError::Io(io::ErrorKind::UnexpectedEof.into()));
+                                }
+                                break;
+                            }
+                            Ok(0) => return Err(RxError::Io(io::ErrorKind::UnexpectedEof.into())),
+                            Ok(n) => {
+                                moved = true;
+                                *heard = true;
+                                l.rx_hdr_got += n;
+                                if l.rx_hdr_got < hb {
+                                    continue;
+                                }
+                                l.rx_hdr_got = 0;
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                            Err(e) => return Err(RxError::Io(e)),
+                        }
+                    }
+                    let h: Header = bytemuck::pod_read_unaligned(&l.rx_hbuf[..HEADER_BYTES]);
+                    if h == NOP {
+                        continue; // a peer's liveness probe
+                    }
+                    if !ex.matches(&h) {
+                        if fr.lanes > 1 && h.flags & 1 == 0 && is_ahead(h.flags >> 1, ex.n) {
+                            // A frame of a later message: this lane carried
+                            // none of this message's remaining frames (they
+                            // are on other lanes); keep it for its turn.
+                            l.rx_stash = true;
+                            l.rx_hdr_got = hb;
+                            break;
+                        }
+                        return Err(RxError::Header(h));
+                    }
+                    let j = if fr.lanes == 1 {
+                        0
+                    } else {
+                        let off = u64::from_le_bytes(
+                            l.rx_hbuf[HEADER_BYTES..FRAME_HDR_MAX]
+                                .try_into()
+                                .expect("8 bytes"),
+                        );
+                        let j = (off / fr.chunk as u64) as usize;
+                        if off % fr.chunk as u64 != 0 || j >= self.rx.frames || self.rx.has(j) {
+                            return Err(RxError::Frame(off));
+                        }
+                        j
+                    };
+                    l.rx_frame = Some(j);
+                    l.rx_begun = false;
+                    l.rx_read = 0;
+                }
+                let j = l.rx_frame.expect("a frame is being read");
+                let (off, flen) = fr.frame(ex.len, j);
+                if !l.rx_begun {
+                    if !sink.frame_start(s, off, flen) {
+                        break;
+                    }
+                    l.rx_begun = true;
+                }
+                if l.rx_read == flen {
+                    sink.frame_done(s);
+                    l.rx_frame = None;
+                    self.rx.set(j);
+                    moved = true;
+                    continue;
+                }
+                let at = off + l.rx_read;
+                let Some((p, room)) = sink.space(s, at, flen - l.rx_read) else {
+                    break;
+                };
+                // SAFETY: the sink hands out `room` writable bytes at `p`.
+                let buf = unsafe { std::slice::from_raw_parts_mut(p, room) };
+                match (&l.sock).read(buf) {
+                    Ok(0) => return Err(RxError::Io(io::ErrorKind::UnexpectedEof.into())),
+                    Ok(n) => {
+                        moved = true;
+                        *heard = true;
+                        sink.commit(s, at, n);
+                        l.rx_read += n;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(RxError::Io(e)),
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Starts a liveness probe on a lane that is between frames (lane 0 if
+    /// it can, which every message uses). Returns false if none could.
+    pub(crate) fn start_probe(&mut self) -> bool {
+        let hb = self.framing.hdr_bytes();
+        match self
+            .lanes
+            .iter()
+            .position(|l| l.tx_frame.is_none() && l.nop_sent >= hb)
+        {
+            Some(i) => {
+                self.lanes[i].nop_sent = 0;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Writes what is left of any started probe.
+    pub(crate) fn flush_probes(&mut self) -> io::Result<()> {
+        let hb = self.framing.hdr_bytes();
+        for l in &mut self.lanes {
+            l.flush_nop(hb)?;
+        }
+        Ok(())
+    }
+
+    /// Whether lane `i` has a probe to finish writing.
+    pub(crate) fn nop_pending(&self, i: usize) -> bool {
+        self.lanes[i].nop_sent < self.framing.hdr_bytes()
+    }
+
+    /// Closes every lane so that the peer notices at once.
+    pub(crate) fn shutdown(&self) {
+        for l in &self.lanes {
+            let _ = l.sock.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// The descriptor of lane `i`.
+    pub(crate) fn fd(&self, i: usize) -> RawFd {
+        self.lanes[i].sock.as_raw_fd()
+    }
+}
+
+/// Copies received bytes straight into the destination.
+pub(crate) struct Direct {
+    /// Start of the message's destination.
+    pub(crate) dst: *mut u8,
+}
+
+impl Sink for Direct {
+    fn space(&mut self, _lane: usize, off: usize, want: usize) -> Option<(*mut u8, usize)> {
+        // SAFETY: off + want <= the message length, for which dst is valid.
+        Some((unsafe { self.dst.add(off) }, want))
+    }
+    fn commit(&mut self, _lane: usize, _off: usize, _k: usize) {}
+}
+
+/// Reads into the bounce buffer and reduces whole elements into the
+/// destination, holding a partial element per lane for the next read.
+struct Reducing<'a> {
+    m: &'a RecvMsg,
+    cx: &'a mut StepCx,
+    carry: &'a mut [([u8; 8], usize); MAX_LANES],
+}
+
+impl Sink for Reducing<'_> {
+    fn space(&mut self, lane: usize, _off: usize, want: usize) -> Option<(*mut u8, usize)> {
+        let (c, cl) = &self.carry[lane];
+        self.cx.bounce[..*cl].copy_from_slice(&c[..*cl]);
+        // Never read past this frame: `want` excludes the carried bytes.
+        let room = want.min(self.cx.bounce.len() - cl);
+        // SAFETY: cl < 8 <= bounce.len().
+        Some((unsafe { self.cx.bounce.as_mut_ptr().add(*cl) }, room))
+    }
+
+    fn commit(&mut self, lane: usize, off: usize, k: usize) {
+        let cl = self.carry[lane].1;
+        let have = cl + k;
+        let esz = self.cx.elem;
+        let whole = have - have % esz;
+        let b = self.cx.bounce.as_ptr();
+        // SAFETY: the bounce buffer holds `whole` received bytes (a whole
+        // number of elements) that belong at message offset off - cl, inside
+        // the message; it does not overlap the destination.
+        unsafe { self.m.deliver_at(off - cl, b, whole, self.cx) };
+        let rest = have - whole;
+        let (c, cl) = &mut self.carry[lane];
+        c[..rest].copy_from_slice(&self.cx.bounce[whole..have]);
+        *cl = rest;
+    }
+}
+
+/// A link to one peer whose lanes the executor drives itself.
+pub(crate) struct TcpLink {
+    lanes: Lanes,
+    peer: usize,
+    /// Header of the message being sent (`tx_active`).
+    tx_hdr: [u8; HEADER_BYTES],
+    tx_active: bool,
+    /// Whether a message is being received.
+    rx_active: bool,
+    /// A partial element per lane, for reducing receives.
+    carry: [([u8; 8], usize); MAX_LANES],
+    /// Messages sent and received on this link.
+    sent_msgs: u32,
+    recv_msgs: u32,
+    /// When bytes last arrived, and when we last probed.
+    last_heard: Instant,
+    last_probe: Instant,
+}
 
 impl TcpLink {
-    /// Wraps a connected socket (sets it non-blocking with TCP_NODELAY).
-    pub(crate) fn new(sock: TcpStream, peer: usize) -> Result<Self> {
-        sock.set_nonblocking(true)
-            .and_then(|_| sock.set_nodelay(true))
-            .map_err(|e| Error::io("configuring a TCP link", e))?;
-        let s = socket2::SockRef::from(&sock);
-        let _ = s.set_send_buffer_size(4 << 20);
-        let _ = s.set_recv_buffer_size(4 << 20);
-        // A peer whose host vanished sends no reset: data left unacknowledged
-        // for 0.6 s fails the connection (at the next retransmission) (and the failure then spreads to
-        // the other ranks at once); an idle connection is probed after a
-        // second of silence. A live peer's kernel acknowledges even while
-        // its process is busy, so slowness is not mistaken for death.
-        let ka = socket2::TcpKeepalive::new()
-            .with_time(std::time::Duration::from_secs(1))
-            .with_interval(std::time::Duration::from_secs(1))
-            .with_retries(1);
-        let _ = s.set_tcp_keepalive(&ka);
-        let _ = s.set_tcp_user_timeout(Some(std::time::Duration::from_millis(600)));
+    /// Wraps connected sockets to `peer` (one per lane, in lane order).
+    pub(crate) fn new(socks: Vec<TcpStream>, peer: usize, chunk: usize) -> Result<Self> {
         Ok(TcpLink {
-            sock,
+            lanes: Lanes::new(socks, chunk)?,
             peer,
-            out_hdr: [0; HEADER_BYTES],
-            out_hdr_sent: 0,
-            in_hdr: [0; HEADER_BYTES],
-            in_hdr_got: 0,
-            carry: [0; 8],
-            carry_len: 0,
+            tx_hdr: [0; HEADER_BYTES],
+            tx_active: false,
+            rx_active: false,
+            carry: [([0; 8], 0); MAX_LANES],
             sent_msgs: 0,
             recv_msgs: 0,
-            nop_sent: HEADER_BYTES,
-            in_msg: false,
             last_heard: Instant::now(),
             last_probe: Instant::now(),
         })
     }
 
-    /// Closes the connection so that the peer notices at once.
-    pub(crate) fn shutdown(&self) {
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    /// Gives up the sockets (to an I/O thread), before any message moved.
+    pub(crate) fn into_lanes(self) -> Lanes {
+        self.lanes
     }
 
-    /// The socket's descriptor, for poll().
-    pub(crate) fn fd(&self) -> RawFd {
-        self.sock.as_raw_fd()
+    /// Closes the connection so that the peer notices at once.
+    pub(crate) fn shutdown(&self) {
+        self.lanes.shutdown();
     }
 
     fn broken(&self, cx: &StepCx, e: io::Error) -> Error {
         cx.lost(self.peer, format!("TCP connection failed: {e}"))
     }
 
-    /// While we wait on a silent peer, sends a probe (between messages
-    /// only) so that a vanished host shows as a timed-out connection within
-    /// about a second instead of after keepalive's two.
+    /// While we wait on a silent peer, sends a probe (between frames only)
+    /// so that a vanished host shows as a timed-out connection within about
+    /// a second instead of after keepalive's two.
     pub(crate) fn probe(&mut self, cx: &StepCx) -> Result<()> {
-        if self.in_msg || self.nop_sent < HEADER_BYTES {
-            return self.flush_probe(cx);
+        if self.last_heard.elapsed() >= PROBE_AFTER && self.last_probe.elapsed() >= PROBE_AFTER {
+            self.last_probe = Instant::now();
+            self.lanes.start_probe();
         }
-        if self.last_heard.elapsed() < PROBE_AFTER || self.last_probe.elapsed() < PROBE_AFTER {
-            return Ok(());
-        }
-        self.last_probe = Instant::now();
-        self.nop_sent = 0;
-        self.flush_probe(cx)
+        self.lanes.flush_probes().map_err(|e| self.broken(cx, e))
     }
 
-    fn flush_probe(&mut self, cx: &StepCx) -> Result<()> {
-        while self.nop_sent < HEADER_BYTES {
-            match self.sock.write(&bytemuck::bytes_of(&NOP)[self.nop_sent..]) {
-                Ok(0) => return Err(self.broken(cx, io::ErrorKind::WriteZero.into())),
-                Ok(k) => self.nop_sent += k,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(self.broken(cx, e)),
+    /// Adds to `out` the descriptors (and events) to wait on while `send`
+    /// (the head outgoing message, if started) and the head incoming message
+    /// (`recv`: whether there is one) cannot move.
+    pub(crate) fn pollfds(&self, send: Option<&SendMsg>, recv: bool, out: &mut Vec<libc::pollfd>) {
+        for i in 0..self.lanes.lanes.len() {
+            let mut events = 0;
+            // Before the head message has started, lane 0 (which every
+            // message uses) stands for the link.
+            let reading = if self.rx_active {
+                self.lanes.rx_pending(i)
+            } else {
+                i == 0
+            };
+            if recv && reading {
+                events |= libc::POLLIN;
+            }
+            let wants = match send {
+                Some(m) if self.tx_active => self.lanes.tx_wants_write(i, m.len, m.avail),
+                Some(_) => i == 0,
+                None => self.lanes.nop_pending(i),
+            };
+            if wants {
+                events |= libc::POLLOUT;
+            }
+            if events != 0 {
+                out.push(libc::pollfd {
+                    fd: self.lanes.fd(i),
+                    events,
+                    revents: 0,
+                });
             }
         }
-        Ok(())
     }
 
     pub(crate) fn send(&mut self, m: &mut SendMsg, cx: &mut StepCx) -> Result<bool> {
-        let mut moved = false;
-        if self.nop_sent < HEADER_BYTES {
-            // Finish a probe before a message starts.
-            self.flush_probe(cx)?;
-            if self.nop_sent < HEADER_BYTES {
-                return Ok(false);
-            }
-        }
-        self.in_msg = true;
-        if !m.header_sent && self.out_hdr_sent == 0 {
+        if !self.tx_active {
             let h = Header {
                 seq: cx.coll_seq,
                 tag: cx.tag,
@@ -147,123 +939,227 @@ impl TcpLink {
                 len: m.len as u64,
             };
             self.sent_msgs = self.sent_msgs.wrapping_add(1);
-            self.out_hdr.copy_from_slice(bytemuck::bytes_of(&h));
+            self.tx_hdr.copy_from_slice(bytemuck::bytes_of(&h));
+            self.lanes.tx_start(m.len);
+            self.tx_active = true;
+            m.header_sent = true;
         }
-        loop {
-            let hdr_left = if m.header_sent {
-                0
-            } else {
-                HEADER_BYTES - self.out_hdr_sent
-            };
-            let pay_left = m.avail - m.sent;
-            if hdr_left == 0 && pay_left == 0 {
-                break;
-            }
-            // SAFETY: ptr+sent..ptr+avail lies in the sender's buffer, whose
-            // first `avail` bytes are ready and stay untouched until done.
-            let payload = unsafe { std::slice::from_raw_parts(m.ptr.add(m.sent), pay_left) };
-            let r = if hdr_left > 0 {
-                let bufs = [
-                    IoSlice::new(&self.out_hdr[self.out_hdr_sent..]),
-                    IoSlice::new(payload),
-                ];
-                self.sock.write_vectored(&bufs)
-            } else {
-                self.sock.write(payload)
-            };
-            match r {
-                Ok(0) => return Err(self.broken(cx, io::ErrorKind::WriteZero.into())),
-                Ok(mut k) => {
-                    moved = true;
-                    if hdr_left > 0 {
-                        let h = k.min(hdr_left);
-                        self.out_hdr_sent += h;
-                        k -= h;
-                        if self.out_hdr_sent == HEADER_BYTES {
-                            m.header_sent = true;
-                            self.out_hdr_sent = 0;
-                        }
-                    }
-                    m.sent += k;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(self.broken(cx, e)),
-            }
-        }
-        if m.header_sent && m.sent == m.len {
+        // SAFETY: ptr..ptr+avail lies in the sender's buffer, whose first
+        // `avail` bytes are ready and stay untouched until the message is done.
+        let moved = unsafe { self.lanes.tx(m.ptr, m.len, m.avail, &self.tx_hdr) }
+            .map_err(|e| self.broken(cx, e))?;
+        if self.lanes.tx_done() {
+            m.sent = m.len;
             m.done = true;
-            self.in_msg = false;
+            self.tx_active = false;
         }
         Ok(moved)
     }
 
     pub(crate) fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool> {
-        let mut moved = false;
-        while !m.header_seen {
-            match self.sock.read(&mut self.in_hdr[self.in_hdr_got..]) {
-                Ok(0) => return Err(self.broken(cx, io::ErrorKind::UnexpectedEof.into())),
-                Ok(k) => {
-                    moved = true;
-                    self.last_heard = Instant::now();
-                    self.in_hdr_got += k;
-                    if self.in_hdr_got == HEADER_BYTES {
-                        let h: Header = bytemuck::pod_read_unaligned(&self.in_hdr);
-                        if h == NOP {
-                            // A peer's liveness probe: nothing to deliver.
-                            self.in_hdr_got = 0;
-                            continue;
-                        }
-                        cx.check_header(&h, m.len, self.peer, self.recv_msgs)?;
-                        self.recv_msgs = self.recv_msgs.wrapping_add(1);
-                        self.in_hdr_got = 0;
-                        m.header_seen = true;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(moved),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(self.broken(cx, e)),
+        if !self.rx_active {
+            self.lanes.rx_start(m.len);
+            self.rx_active = true;
+            for c in &mut self.carry {
+                c.1 = 0;
             }
         }
-        while m.got < m.len {
-            let left = m.len - m.got;
-            let r = if m.reduce_src.is_none() {
-                // SAFETY: dst+got..dst+len lies in the receiver's buffer.
-                let dst = unsafe { std::slice::from_raw_parts_mut(m.dst.add(m.got), left) };
-                self.sock.read(dst).inspect(|&k| m.got += k)
-            } else {
-                let esz = cx.elem;
-                let cl = self.carry_len;
-                cx.bounce[..cl].copy_from_slice(&self.carry[..cl]);
-                // Never read past this message: `left` counts the carried bytes too.
-                let room = (left - cl).min(cx.bounce.len() - cl);
-                match self.sock.read(&mut cx.bounce[cl..cl + room]) {
-                    Ok(k) if k > 0 => {
-                        let have = cl + k;
-                        let whole = have - have % esz;
-                        let b = cx.bounce.as_ptr();
-                        // SAFETY: the bounce buffer holds `whole` received
-                        // bytes, a whole number of elements, not overlapping dst.
-                        unsafe { m.deliver(b, whole, cx) };
-                        let rest = have - whole;
-                        self.carry[..rest].copy_from_slice(&cx.bounce[whole..have]);
-                        self.carry_len = rest;
-                        Ok(k)
-                    }
-                    other => other,
-                }
+        let ex = Expect {
+            coll_seq: cx.coll_seq,
+            tag: cx.tag,
+            len: m.len,
+            n: self.recv_msgs,
+        };
+        let mut heard = false;
+        let r = if m.reduce_src.is_none() {
+            self.lanes.rx(&ex, &mut Direct { dst: m.dst }, &mut heard)
+        } else {
+            let mut sink = Reducing {
+                m,
+                cx: &mut *cx,
+                carry: &mut self.carry,
             };
-            match r {
-                Ok(0) => return Err(self.broken(cx, io::ErrorKind::UnexpectedEof.into())),
-                Ok(_) => moved = true,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(self.broken(cx, e)),
-            }
+            self.lanes.rx(&ex, &mut sink, &mut heard)
+        };
+        if heard {
+            self.last_heard = Instant::now();
         }
-        if m.got == m.len {
+        let moved = r.map_err(|e| rx_error(cx, e, m.len, self.peer, self.recv_msgs))?;
+        m.header_seen = true;
+        let carry = &self.carry;
+        m.got = self.lanes.rx_prefix(m.len, |s| carry[s].1);
+        if self.lanes.rx_done() {
             m.done = true;
+            self.rx_active = false;
+            self.recv_msgs = self.recv_msgs.wrapping_add(1);
         }
         Ok(moved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reduce::{DataType, ReduceOp};
+    use std::net::TcpListener;
+
+    /// `k` connected socket pairs on loopback: (dialled ends, accepted ends).
+    fn pairs(k: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for _ in 0..k {
+            a.push(TcpStream::connect(addr).unwrap());
+            b.push(l.accept().unwrap().0);
+        }
+        (a, b)
+    }
+
+    fn cx() -> StepCx {
+        StepCx {
+            rank: 0,
+            seq: 0,
+            coll_seq: P2P_SEQ,
+            tag: 7,
+            op_name: "send/recv",
+            dtype: DataType::U8,
+            op: ReduceOp::Sum,
+            elem: 1,
+            direct_bytes: usize::MAX,
+            bounce: vec![0; 4096],
+        }
+    }
+
+    /// A frame of message `n` (total `len` bytes) at `off`, with `payload`.
+    fn frame(n: u32, len: usize, off: usize, payload: &[u8]) -> Vec<u8> {
+        let h = Header {
+            seq: P2P_SEQ,
+            tag: 7,
+            flags: msg_flags(n),
+            len: len as u64,
+        };
+        let mut v = bytemuck::bytes_of(&h).to_vec();
+        v.extend_from_slice(&(off as u64).to_le_bytes());
+        v.extend_from_slice(payload);
+        v
+    }
+
+    fn recv_all(link: &mut TcpLink, len: usize) -> Result<Vec<u8>> {
+        let mut dst = vec![0u8; len];
+        let mut m = RecvMsg::new(dst.as_mut_ptr(), None, len);
+        let mut c = cx();
+        let t = Instant::now();
+        while !m.done {
+            link.recv(&mut m, &mut c)?;
+            assert!(t.elapsed() < Duration::from_secs(5), "no progress");
+        }
+        Ok(dst)
+    }
+
+    #[test]
+    fn later_messages_may_overtake_on_other_lanes() {
+        let chunk = 4096;
+        let (mut tx, rx) = pairs(2);
+        let mut link = TcpLink::new(rx, 1, chunk).unwrap();
+        let big: Vec<u8> = (0..2 * chunk).map(|i| (i % 251) as u8).collect();
+        // Message 0 (two frames) and message 1 (one frame) went entirely on
+        // lane 0; message 2's second frame was written on lane 1 before its
+        // first one on lane 0.
+        tx[1]
+            .write_all(&frame(2, 2 * chunk, chunk, &big[chunk..]))
+            .unwrap();
+        tx[0]
+            .write_all(&frame(0, 2 * chunk, 0, &big[..chunk]))
+            .unwrap();
+        tx[0]
+            .write_all(&frame(0, 2 * chunk, chunk, &big[chunk..]))
+            .unwrap();
+        tx[0].write_all(&frame(1, 3, 0, b"abc")).unwrap();
+        tx[0]
+            .write_all(&frame(2, 2 * chunk, 0, &big[..chunk]))
+            .unwrap();
+        assert_eq!(recv_all(&mut link, 2 * chunk).unwrap(), big);
+        assert_eq!(recv_all(&mut link, 3).unwrap(), b"abc");
+        assert_eq!(recv_all(&mut link, 2 * chunk).unwrap(), big);
+    }
+
+    #[test]
+    fn a_closed_lane_does_not_hide_frames_on_another() {
+        let chunk = 4096;
+        let (mut tx, rx) = pairs(2);
+        let mut link = TcpLink::new(rx, 1, chunk).unwrap();
+        let big: Vec<u8> = (0..2 * chunk).map(|i| (i % 249) as u8).collect();
+        tx[1]
+            .write_all(&frame(0, 2 * chunk, 0, &big[..chunk]))
+            .unwrap();
+        tx[1]
+            .write_all(&frame(0, 2 * chunk, chunk, &big[chunk..]))
+            .unwrap();
+        // The peer is done and gone: lane 0 only says so.
+        drop(tx);
+        assert_eq!(recv_all(&mut link, 2 * chunk).unwrap(), big);
+        let r = recv_all(&mut link, 0);
+        assert!(matches!(r, Err(Error::PeerLost { .. })), "{r:?}");
+    }
+
+    #[test]
+    fn bad_frames_are_mismatches() {
+        let chunk = 4096;
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("off the grid", frame(0, 2 * chunk, 100, &[0; 100])),
+            ("beyond the end", frame(0, 2 * chunk, 2 * chunk, &[])),
+            (
+                "an earlier message",
+                frame(0x7fff, 2 * chunk, 0, &[0; 4096]),
+            ),
+            ("far ahead", frame(5000, 2 * chunk, 0, &[0; 4096])),
+            ("another length", frame(0, 3 * chunk, 0, &[0; 4096])),
+        ];
+        for (what, bytes) in cases {
+            let (mut tx, rx) = pairs(2);
+            let mut link = TcpLink::new(rx, 1, chunk).unwrap();
+            tx[0].write_all(&bytes).unwrap();
+            let r = recv_all(&mut link, 2 * chunk);
+            assert!(matches!(r, Err(Error::Mismatch { .. })), "{what}: {r:?}");
+        }
+        // A repeated frame.
+        let (mut tx, rx) = pairs(2);
+        let mut link = TcpLink::new(rx, 1, chunk).unwrap();
+        tx[0]
+            .write_all(&frame(0, 2 * chunk, 0, &[1; 4096]))
+            .unwrap();
+        tx[1]
+            .write_all(&frame(0, 2 * chunk, 0, &[1; 4096]))
+            .unwrap();
+        let r = recv_all(&mut link, 2 * chunk);
+        assert!(matches!(r, Err(Error::Mismatch { .. })), "repeat: {r:?}");
+    }
+
+    #[test]
+    fn lanes_round_trip_with_probes() {
+        let chunk = 4096;
+        let (a, b) = pairs(3);
+        let mut s = TcpLink::new(a, 1, chunk).unwrap();
+        let mut r = TcpLink::new(b, 0, chunk).unwrap();
+        for len in [0, 1, chunk - 1, chunk, chunk + 1, 10 * chunk + 17, 1 << 20] {
+            let src: Vec<u8> = (0..len).map(|i| (i * 7 % 253) as u8).collect();
+            let mut dst = vec![0u8; len];
+            let mut sm = SendMsg::new(src.as_ptr(), len, len);
+            let mut rm = RecvMsg::new(dst.as_mut_ptr(), None, len);
+            let (mut c1, mut c2) = (cx(), cx());
+            s.lanes.start_probe();
+            let t = Instant::now();
+            while !(sm.done && rm.done) {
+                if !sm.done {
+                    s.send(&mut sm, &mut c1).unwrap();
+                }
+                if !rm.done {
+                    r.recv(&mut rm, &mut c2).unwrap();
+                }
+                assert!(t.elapsed() < Duration::from_secs(5), "no progress");
+            }
+            assert_eq!(dst, src, "len {len}");
+        }
     }
 }
