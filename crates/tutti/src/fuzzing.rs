@@ -25,23 +25,7 @@ pub fn tcp_receive(bytes: &[u8], expect_len: usize, reduce: bool) -> Result<()> 
     let expect_len = expect_len - expect_len % 4;
     let mut dst = vec![0u8; expect_len];
     let src = vec![0u8; expect_len];
-    let mut cx = StepCx {
-        rank: 0,
-        seq: 0,
-        coll_seq: 0,
-        tag: crate::transport::make_tag(
-            crate::CollKind::AllReduce,
-            DataType::F32,
-            ReduceOp::Sum,
-            0,
-        ),
-        op_name: "all_reduce",
-        dtype: DataType::F32,
-        op: ReduceOp::Sum,
-        elem: 4,
-        direct_bytes: usize::MAX,
-        bounce: vec![0u8; 4096],
-    };
+    let mut cx = fuzz_cx();
     let mut m = RecvMsg::new(dst.as_mut_ptr(), reduce.then_some(src.as_ptr()), expect_len);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while !m.done {
