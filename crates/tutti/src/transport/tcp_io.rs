@@ -89,10 +89,11 @@ struct Stage {
     tail: CachePadded<AtomicUsize>,
 }
 
-// SAFETY: the ring's bytes are handed over by the head/tail protocol: the
-// I/O thread writes only [head, tail + cap) and publishes with a Release
-// store of `head`; the executor reads only [tail, head) after an Acquire
-// load of `head` and frees it with a Release store of `tail`.
+// The ring's bytes are handed over by the head/tail protocol: the I/O
+// thread writes only [head, tail + cap) and publishes with a Release store
+// of `head`; the executor reads only [tail, head) after an Acquire load of
+// `head` and frees it with a Release store of `tail`.
+// SAFETY: by that protocol no byte is accessed by both threads at once.
 unsafe impl Send for Stage {}
 // SAFETY: as above.
 unsafe impl Sync for Stage {}
@@ -887,12 +888,12 @@ impl IoLink {
                     }
                     let at = self.pos[s] % st.cap;
                     let first = whole.min(st.cap - at);
-                    // SAFETY: [pos, pos + whole) of the ring holds received
-                    // bytes (below `head`), whole elements at element-aligned
-                    // ring offsets (payloads start 16-aligned, the ring's size
-                    // is a multiple of 16), in at most two pieces around the
-                    // wrap; the I/O thread checked that the frame lies inside
-                    // the message.
+                    // [pos, pos + whole) of the ring holds received bytes
+                    // (below `head`), whole elements at element-aligned ring
+                    // offsets (payloads start 16-aligned, the ring's size is a
+                    // multiple of 16), in at most two pieces around the wrap;
+                    // the I/O thread checked the frame lies inside the message.
+                    // SAFETY: so both reads stay within published ring bytes.
                     unsafe {
                         m.deliver_at(off + done, st.buf.add(at), first, cx);
                         if whole > first {
