@@ -898,7 +898,11 @@ fn accept_peers(
             i += 1;
         }
         if !busy {
-            std::thread::sleep(Duration::from_millis(1));
+            // Until a connection or a hello arrives (bounded, for the checks above).
+            use std::os::fd::AsRawFd;
+            let mut fds: Vec<_> = pending.iter().map(|p| p.sock.as_raw_fd()).collect();
+            fds.push(l.as_raw_fd());
+            sys::wait_readable(&fds, Duration::from_millis(10));
         }
     }
     Ok(())

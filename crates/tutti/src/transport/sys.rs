@@ -111,6 +111,27 @@ pub(crate) fn process_alive(pid: i32) -> bool {
     }
 }
 
+/// Waits until one of `fds` is readable (or closed), for at most `timeout`.
+pub(crate) fn wait_readable(fds: &[std::os::fd::RawFd], timeout: Duration) {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `p` is a valid array of pollfd for the duration of the call;
+    // errors (EINTR) only end the wait early.
+    unsafe {
+        libc::poll(
+            p.as_mut_ptr(),
+            p.len() as libc::nfds_t,
+            timeout.as_millis().max(1) as i32,
+        )
+    };
+}
+
 /// This process's id.
 pub(crate) fn pid() -> i32 {
     std::process::id() as i32

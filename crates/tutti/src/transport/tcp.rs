@@ -331,10 +331,11 @@ pub(crate) fn configure(sock: &TcpStream, framing: Framing) -> Result<()> {
     // An explicit size turns the kernel's buffer autotuning off and is
     // capped at net.core.{w,r}mem_max (often 208 KiB): ask only where the
     // cap allows the large buffer, else leave autotuning on.
-    if sysctl_usize("/proc/sys/net/core/wmem_max").is_some_and(|m| m >= SOCKET_BUFFER) {
+    let (wmax, rmax) = buffer_caps();
+    if wmax >= SOCKET_BUFFER {
         let _ = s.set_send_buffer_size(SOCKET_BUFFER);
     }
-    if sysctl_usize("/proc/sys/net/core/rmem_max").is_some_and(|m| m >= SOCKET_BUFFER) {
+    if rmax >= SOCKET_BUFFER {
         let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
     }
     if framing.lanes > 1 {
@@ -368,8 +369,21 @@ pub(crate) fn configure(sock: &TcpStream, framing: Framing) -> Result<()> {
     Ok(())
 }
 
-fn sysctl_usize(path: &str) -> Option<usize> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+/// net.core.wmem_max and rmem_max (0 if unreadable), read once per process.
+fn buffer_caps() -> (usize, usize) {
+    static CAPS: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    *CAPS.get_or_init(|| {
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        (
+            read("/proc/sys/net/core/wmem_max"),
+            read("/proc/sys/net/core/rmem_max"),
+        )
+    })
 }
 
 /// The lanes of one link and the frame machinery over them. Each method

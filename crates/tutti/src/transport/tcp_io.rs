@@ -16,10 +16,15 @@
 //! * Plain receives are read straight into the destination; the I/O thread
 //!   publishes how much of it has arrived (`got`).
 //! * Reducing receives are read into a staging ring per lane (1 MiB each,
-//!   single producer, single consumer); the executor reduces out of the
-//!   rings into the destination, frame by frame in message order, while
-//!   the I/O thread reads on. Every frame starts 8-aligned in its ring, so
-//!   no element straddles the wrap point.
+//!   single producer, single consumer): each frame as a 16-byte descriptor
+//!   (its offset and length in the message) and its payload. The executor
+//!   reduces out of the rings into the destination, frame by frame, while
+//!   the I/O thread reads on; the next frame is handed over only when the
+//!   executor has freed the room. Every frame starts 16-aligned in its
+//!   ring, so no descriptor or element straddles the wrap point. Both sides
+//!   are done with a message only when the executor has reduced every frame
+//!   and the I/O thread has finished the job, so a slot is never refilled
+//!   before the thread has taken the previous job.
 //!
 //! # Waiting
 //!
