@@ -24,6 +24,7 @@ pub enum TransportChoice {
 /// | `TUTTI_ALGO` | [`algo`](Config::algo) | auto |
 /// | `TUTTI_SHM_RING_BYTES` | [`ring_bytes`](Config::ring_bytes) | 512 KiB |
 /// | `TUTTI_SHM_DIRECT_BYTES` | [`direct_bytes`](Config::direct_bytes) | off |
+/// | `TUTTI_SHM_MAILBOX` (`0`, `1`) | [`mailbox`](Config::mailbox) | 1 |
 /// | `TUTTI_SPIN_US` | [`spin`](Config::spin) | 200 us (20 us for async ops), or 50 us yielding when ranks outnumber cores |
 /// | `TUTTI_SOCKET_IFNAME` | [`socket_ifname`](Config::socket_ifname) | any |
 /// | `TUTTI_HOST_ID` | [`host_id`](Config::host_id) | hostname + boot id + network namespace |
@@ -50,6 +51,9 @@ pub struct Config {
     /// sender and the receiver copying at once, was 1.5-4x faster at every
     /// size (see docs/performance.md).
     pub direct_bytes: usize,
+    /// Whether the direct algorithm uses the one-shot mailboxes among ranks
+    /// of one segment (small collectives; see `docs/algorithms.md`).
+    pub mailbox: bool,
     /// How long a waiting op polls before it sleeps; `None` picks automatically.
     pub spin: Option<Duration>,
     /// Network interface selection (NCCL syntax: `eth0`, `^lo`, `=eth0`).
@@ -80,6 +84,7 @@ impl Default for Config {
             algo: AlgoOverride::default(),
             ring_bytes: 512 << 10,
             direct_bytes: usize::MAX,
+            mailbox: true,
             spin: None,
             socket_ifname: None,
             host_id: None,
@@ -107,6 +112,15 @@ fn secs(name: &str, v: &str) -> Result<Duration> {
         )));
     }
     Ok(Duration::from_secs_f64(s))
+}
+
+/// Parses an on/off setting.
+fn flag(name: &str, v: &str) -> Result<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(Error::Config(format!("{name}={v:?}: use 1 or 0"))),
+    }
 }
 
 /// Parses a byte size with an optional K, M or G suffix (powers of 1024).
@@ -213,15 +227,10 @@ impl Config {
         c.host_id = var("TUTTI_HOST_ID");
         c.topo_file = var("TUTTI_TOPO_FILE");
         if let Some(v) = var("TUTTI_DETERMINISTIC") {
-            c.deterministic = match v.trim() {
-                "1" | "true" | "yes" | "on" => true,
-                "0" | "false" | "no" | "off" => false,
-                _ => {
-                    return Err(Error::Config(format!(
-                        "TUTTI_DETERMINISTIC={v:?}: use 1 or 0"
-                    )))
-                }
-            };
+            c.deterministic = flag("TUTTI_DETERMINISTIC", &v)?;
+        }
+        if let Some(v) = var("TUTTI_SHM_MAILBOX") {
+            c.mailbox = flag("TUTTI_SHM_MAILBOX", &v)?;
         }
         Ok(c)
     }

@@ -16,6 +16,8 @@
 //! * **Broadcast / Scatter**: the root sends to each rank.
 //! * **Reduce / Gather**: each rank sends to the root, which reduces (in rank
 //!   order) or places the blocks.
+//! * **ReduceScatter**: every rank sends block q of its input to rank q,
+//!   which reduces the n blocks in rank order.
 //! * **AllGather / AllToAll(V)**: every rank sends its block(s) to every rank.
 //! * **Barrier**: dissemination: in round k, rank r signals `r + 2^k` and
 //!   waits for `r - 2^k`; after ceil(log2 n) rounds everybody has heard,
@@ -43,19 +45,19 @@ pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
             if p.in_place {
                 // Receiving into the buffer we are still sending from would
                 // make every rank wait for its own sends: accumulate aside.
-                reduce_in_rank_order(&mut s, n, r, c, Loc::scratch(0));
+                reduce_in_rank_order(&mut s, n, r, c, Loc::input(0), Loc::scratch(0));
                 s.push(Step::Copy {
                     src: Loc::scratch(0),
                     dst: Loc::output(0),
                     len: c,
                 });
             } else {
-                reduce_in_rank_order(&mut s, n, r, c, Loc::output(0));
+                reduce_in_rank_order(&mut s, n, r, c, Loc::input(0), Loc::output(0));
             }
         }
         Collective::Reduce { root } => {
             if r == root {
-                reduce_in_rank_order(&mut s, n, r, c, Loc::output(0));
+                reduce_in_rank_order(&mut s, n, r, c, Loc::input(0), Loc::output(0));
             } else {
                 s.push(Step::Send {
                     peer: root,
@@ -208,17 +210,26 @@ pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
             dst: Loc::output(0),
             len: c,
         }),
-        Collective::ReduceScatter => return None,
+        Collective::ReduceScatter => {
+            for q in others() {
+                s.push(Step::Send {
+                    peer: q,
+                    src: Loc::input(q * c),
+                    len: c,
+                });
+            }
+            reduce_in_rank_order(&mut s, n, r, c, Loc::input(r * c), Loc::output(0));
+        }
     }
     Some(s)
 }
 
 /// `acc = x_0 (op) x_1 (op) ... (op) x_{n-1}` into `acc`, in rank order, with
-/// this rank's own input taken locally and the others received.
-fn reduce_in_rank_order(s: &mut Vec<Step>, n: usize, r: usize, c: usize, acc: Loc) {
+/// this rank's own part taken locally from `own` and the others received.
+fn reduce_in_rank_order(s: &mut Vec<Step>, n: usize, r: usize, c: usize, own: Loc, acc: Loc) {
     if r == 0 {
         s.push(Step::Copy {
-            src: Loc::input(0),
+            src: own,
             dst: acc,
             len: c,
         });
@@ -232,7 +243,7 @@ fn reduce_in_rank_order(s: &mut Vec<Step>, n: usize, r: usize, c: usize, acc: Lo
     for q in 1..n {
         if q == r {
             s.push(Step::Reduce {
-                src: Loc::input(0),
+                src: own,
                 dst: acc,
                 len: c,
             });

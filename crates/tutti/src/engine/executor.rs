@@ -11,6 +11,7 @@
 use crate::algo::{Buf, Loc, Schedule, Step};
 use crate::error::{Error, Result};
 use crate::reduce;
+use crate::transport::mailbox::Mailbox;
 use crate::transport::shm::{self, Doorbell};
 use crate::transport::{sys, Link, RecvMsg, SendMsg, StepCx};
 use std::collections::VecDeque;
@@ -43,6 +44,9 @@ pub(crate) struct Env<'a> {
     /// How long to poll before sleeping, and whether to yield the core
     /// while polling (more ranks than cores).
     pub spin: (Duration, bool),
+    /// The communicator's mailboxes, if it has them (to notice a peer that
+    /// runs this op in one shot while this rank runs it over the rings).
+    pub mailbox: Option<&'a Mailbox>,
 }
 
 #[derive(Default)]
@@ -421,6 +425,21 @@ fn check_liveness(env: &Env<'_>, pad: &Scratchpad) -> Result<()> {
         if let Some(Some(pid)) = env.peer_pids.get(q) {
             if !sys::process_alive(*pid) {
                 return Err(env.cx.lost(q, format!("process {pid} is gone")));
+            }
+        }
+        // A peer in a mailbox op this rank has not started, with nothing
+        // left for us in its ring, will never send what we wait for.
+        if let (Some(mb), Some(Link::Ring(l, _))) = (env.mailbox, &env.links[q]) {
+            if !pad.recvq[q].is_empty() && mb.peer_ahead(q) && l.inbound_empty() {
+                return Err(Error::Mismatch {
+                    rank: env.cx.rank,
+                    peer: q,
+                    seq: env.cx.seq,
+                    msg: format!(
+                        "this rank runs {} over the rings, rank {q} runs a small collective in one shot; every rank must call the same collectives in the same order with the same count, type, op and root",
+                        env.cx.op_name
+                    ),
+                });
             }
         }
     }

@@ -5,12 +5,14 @@
 //! every later op fails fast with the same error.
 
 pub(crate) mod executor;
+pub(crate) mod oneshot;
 pub mod recorder;
 
 use crate::algo::{Algorithm, Collective, Problem, Schedule, VCounts};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, ReduceOp};
+use crate::transport::mailbox::Mailbox;
 use crate::transport::shm::Doorbell;
 use crate::transport::tcp_io::IoSet;
 use crate::transport::{make_tag, Link, StepCx};
@@ -69,8 +71,13 @@ pub(crate) struct Core {
     cache: HashMap<(Problem, Option<Algorithm>), (Algorithm, Arc<Schedule>)>,
     /// What the tuner knows (set by the communicator after connecting).
     pub tune: crate::tune::TuneCtx,
-    /// The last call's problem, forced algorithm and schedule.
-    last: Option<(Problem, Option<Algorithm>, Arc<Schedule>, &'static str)>,
+    /// The last call's problem, forced algorithm, schedule and algorithm.
+    last: Option<(Problem, Option<Algorithm>, Arc<Schedule>, Algorithm)>,
+    /// One-shot mailboxes, when every peer shares this rank's segment.
+    mailbox: Option<Mailbox>,
+    /// The shape (collective, count, in place, forced algorithm) of the
+    /// last call that went through the mailboxes.
+    last_oneshot: Option<(Collective, usize, bool, Option<Algorithm>)>,
     poisoned: Option<Error>,
     /// The recovery listener (see `shrink`), drained now and then so that
     /// probes never fill its queue.
@@ -102,6 +109,10 @@ impl Core {
             Some((s, i)) => (Some(s), i),
             None => (None, 0),
         };
+        let mailbox = bell_owner
+            .as_ref()
+            .filter(|_| config.mailbox)
+            .and_then(|seg| Mailbox::new(&links, rank, seg, local_index));
         Core {
             links,
             peer_pids,
@@ -121,6 +132,8 @@ impl Core {
             cache: HashMap::new(),
             tune: crate::tune::TuneCtx::single_host(nranks),
             last: None,
+            mailbox,
+            last_oneshot: None,
             poisoned: None,
             recorder: recorder::Recorder::default(),
             rescue: None,
@@ -140,6 +153,7 @@ impl Core {
     pub(crate) fn forget_decisions(&mut self) {
         self.cache.clear();
         self.last = None;
+        self.last_oneshot = None;
     }
 
     /// The number of ops this communicator has run.
@@ -226,6 +240,16 @@ impl Core {
             }
             _ => {}
         }
+        let bytes = c.count * esz;
+        // Small ops repeat: the last mailbox call's shape skips the tuner's
+        // cache (no problem to build and compare).
+        let shape = (c.coll, c.count, c.in_place, c.algorithm);
+        if self.last_oneshot == Some(shape) && oneshot::fits(c.coll, n, bytes) {
+            self.recorder.set_algorithm(Algorithm::Direct.name());
+            let coll_seq = self.next_coll_seq(c.coll);
+            self.run_oneshot(c, seq, op_tag(c), coll_seq, abort)?;
+            return self.finish_avg(c);
+        }
         let problem = Problem {
             coll: c.coll,
             nranks: n,
@@ -236,24 +260,59 @@ impl Core {
             chunks: 1,
             hosts: self.tune.hosts(),
         };
-        let bytes = c.count * esz;
         // Training loops repeat the same call: remember the last decision.
-        let sched = match &self.last {
-            Some((p, a, s, name)) if *a == c.algorithm && *p == problem => {
-                self.recorder.set_algorithm(name);
-                s.clone()
+        let (sched, alg) = match &self.last {
+            Some((p, a, s, alg)) if *a == c.algorithm && *p == problem => {
+                self.recorder.set_algorithm(alg.name());
+                (s.clone(), *alg)
             }
             _ => {
-                let s = self.schedule_for(problem.clone(), bytes, c)?;
-                let name = self
-                    .cache
-                    .get(&(problem.clone(), c.algorithm))
-                    .map_or("", |(a, _)| a.name());
-                self.last = Some((problem, c.algorithm, s.clone(), name));
-                s
+                let (alg, s) = self.schedule_for(problem.clone(), bytes, c)?;
+                self.last = Some((problem, c.algorithm, s.clone(), alg));
+                (s, alg)
             }
         };
-        self.run_schedule(c, seq, &sched, abort)
+        let coll_seq = self.next_coll_seq(c.coll);
+        if alg == Algorithm::Direct
+            && self.mailbox.is_some()
+            && c.vcounts.is_none()
+            && oneshot::fits(c.coll, n, bytes)
+        {
+            self.last_oneshot = Some(shape);
+            self.run_oneshot(c, seq, op_tag(c), coll_seq, abort)?;
+        } else {
+            self.run_schedule(c, seq, coll_seq, &sched, abort)?;
+        }
+        self.finish_avg(c)
+    }
+
+    /// What ring headers of the next op carry: the collective number (which
+    /// this advances), or [`P2P_SEQ`](crate::transport::P2P_SEQ).
+    fn next_coll_seq(&mut self, coll: Collective) -> u32 {
+        if coll.kind() == crate::algo::CollKind::SendRecv {
+            crate::transport::P2P_SEQ
+        } else {
+            let s = self.coll_seq;
+            self.coll_seq = self.coll_seq.wrapping_add(1) % crate::transport::P2P_SEQ;
+            s
+        }
+    }
+
+    /// Divides the result of an Avg reduction by the rank count.
+    fn finish_avg(&self, c: &OpCall) -> Result<()> {
+        if c.op == ReduceOp::Avg {
+            let finish = match c.coll {
+                Collective::AllReduce | Collective::ReduceScatter => true,
+                Collective::Reduce { root } => root == self.rank,
+                _ => false,
+            };
+            if finish {
+                // SAFETY: output holds output_len bytes, checked by the comm layer.
+                let out = unsafe { std::slice::from_raw_parts_mut(c.output, c.output_len) };
+                reduce::scale_avg(c.dtype, out, self.nranks);
+            }
+        }
+        Ok(())
     }
 
     /// The schedule for a call shape: cached per (problem, forced algorithm),
@@ -263,11 +322,11 @@ impl Core {
         problem: Problem,
         _bytes: usize,
         c: &OpCall,
-    ) -> Result<Arc<Schedule>> {
+    ) -> Result<(Algorithm, Arc<Schedule>)> {
         let key = (problem, c.algorithm);
         if let Some((a, s)) = self.cache.get(&key) {
             self.recorder.set_algorithm(a.name());
-            return Ok(s.clone());
+            return Ok((*a, s.clone()));
         }
         let choice =
             crate::tune::select(&key.0, c.dtype, c.algorithm, &self.config.algo, &self.tune)?;
@@ -287,25 +346,18 @@ impl Core {
         }
         self.cache.insert(key, (alg, s.clone()));
         self.recorder.set_algorithm(alg.name());
-        Ok(s)
+        Ok((alg, s))
     }
 
     fn run_schedule(
         &mut self,
         c: &OpCall,
         seq: u64,
+        coll_seq: u32,
         sched: &Schedule,
         abort: &AtomicBool,
     ) -> Result<()> {
-        let coll_seq = if c.coll.kind() == crate::algo::CollKind::SendRecv {
-            crate::transport::P2P_SEQ
-        } else {
-            let s = self.coll_seq;
-            self.coll_seq = self.coll_seq.wrapping_add(1) % crate::transport::P2P_SEQ;
-            s
-        };
         let esz = c.dtype.size();
-        let n = self.nranks;
         let need = sched.scratch * esz;
         if self.scratch.len() < need {
             self.scratch.resize(need, 0);
@@ -319,11 +371,7 @@ impl Core {
             scratch_len: self.scratch.len(),
         };
         let timeout = c.timeout.unwrap_or(self.config.timeout);
-        let reduces = matches!(
-            c.coll,
-            Collective::AllReduce | Collective::Reduce { .. } | Collective::ReduceScatter
-        );
-        let op = if reduces {
+        let op = if reduces(c.coll) {
             c.op.step_op()
         } else {
             ReduceOp::Sum
@@ -331,13 +379,7 @@ impl Core {
         let mut cx = StepCx {
             rank: self.rank,
             seq,
-            // The user's op (Avg, not the Sum it reduces with): Sum and Avg must not mix.
-            tag: make_tag(
-                c.coll.kind(),
-                c.dtype,
-                if reduces { c.op } else { op },
-                c.coll.root().unwrap_or(0),
-            ),
+            tag: op_tag(c),
             coll_seq,
             op_name: c.coll.kind().name(),
             dtype: c.dtype,
@@ -365,25 +407,33 @@ impl Core {
                 bell: bell_ptr.map(|p| unsafe { &*p }),
                 peer_pids: &self.peer_pids,
                 spin,
+                mailbox: self.mailbox.as_ref(),
             };
             executor::execute(sched, &bufs, &mut env, &mut self.pad)
         };
         self.bounce = cx.bounce;
-        r?;
-        if c.op == ReduceOp::Avg {
-            let finish = match c.coll {
-                Collective::AllReduce | Collective::ReduceScatter => true,
-                Collective::Reduce { root } => root == self.rank,
-                _ => false,
-            };
-            if finish {
-                // SAFETY: output holds output_len bytes, checked by the comm layer.
-                let out = unsafe { std::slice::from_raw_parts_mut(c.output, c.output_len) };
-                reduce::scale_avg(c.dtype, out, n);
-            }
-        }
-        Ok(())
+        r
     }
+}
+
+/// True for the collectives that reduce.
+fn reduces(coll: Collective) -> bool {
+    matches!(
+        coll,
+        Collective::AllReduce | Collective::Reduce { .. } | Collective::ReduceScatter
+    )
+}
+
+/// What identifies `c` in message headers: collective, type, the user's
+/// reduction (Avg, not the Sum it reduces with, so Sum and Avg do not mix;
+/// Sum for collectives that do not reduce) and root.
+fn op_tag(c: &OpCall) -> u16 {
+    make_tag(
+        c.coll.kind(),
+        c.dtype,
+        if reduces(c.coll) { c.op } else { ReduceOp::Sum },
+        c.coll.root().unwrap_or(0),
+    )
 }
 
 /// Completion state shared between an async op and its [`Work`](crate::Work) handle.

@@ -18,6 +18,7 @@
 //! fingerprinting the collective and data type, length), so ranks that call
 //! different collectives get an [`Error::Mismatch`] instead of mixed data.
 
+pub(crate) mod mailbox;
 pub(crate) mod shm;
 pub(crate) mod sys;
 pub(crate) mod tcp;
@@ -352,14 +353,14 @@ pub(crate) fn make_tag(
     (k << 12) | (d << 8) | (o << 4) | (root as u16 & 15)
 }
 
-fn tag_name(tag: u16) -> &'static str {
+pub(crate) fn tag_name(tag: u16) -> &'static str {
     crate::algo::CollKind::ALL
         .get((tag >> 12) as usize)
         .map(|k| k.name())
         .unwrap_or("?")
 }
 
-fn describe_tag(tag: u16) -> String {
+pub(crate) fn describe_tag(tag: u16) -> String {
     let d = DataType::ALL
         .get(((tag >> 8) & 15) as usize)
         .map(|d| d.name())

@@ -8,8 +8,12 @@
 //! ranks:
 //!
 //! ```text
-//! [ SegHeader | Doorbell x L | RingCtl x L*L | ring data x L*L (cap bytes each) ]
+//! [ SegHeader | Doorbell x L | RingCtl x L*L | ring data x L*L (cap bytes each)
+//!   | mailbox slots x L*2 ]
 //! ```
+//!
+//! The mailboxes carry small collectives in one shot (see
+//! [`mailbox`](super::mailbox)); the rings carry everything else.
 //!
 //! Ring (i, j) carries bytes from local rank i to local rank j. Its
 //! `RingCtl` holds three cache-padded counters: `head` (bytes ever written,
@@ -103,6 +107,7 @@ pub(crate) struct Layout {
     bells: usize,
     ctls: usize,
     data: usize,
+    mbox: usize,
     pub(crate) total: usize,
 }
 
@@ -114,13 +119,15 @@ impl Layout {
         let ctls = bells + pad(locals * std::mem::size_of::<CachePadded<Doorbell>>());
         let data =
             pad(ctls + locals * locals * std::mem::size_of::<RingCtl>()).div_ceil(4096) * 4096;
-        let total = data + locals * locals * cap;
+        let mbox = data + locals * locals * cap;
+        let total = mbox + locals * 2 * super::mailbox::SLOT_STRIDE;
         Layout {
             locals,
             cap,
             bells,
             ctls,
             data,
+            mbox,
             total,
         }
     }
@@ -250,6 +257,25 @@ impl Segment {
     }
 }
 
+impl Segment {
+    /// Slot `k` (0 or 1) of local rank `i`'s mailbox: a slot header followed
+    /// by `mailbox::MBOX_BYTES` of payload, 128-byte aligned.
+    pub(crate) fn mbox_slot(&self, i: usize, k: usize) -> *mut u8 {
+        assert!(i < self.layout.locals && k < 2);
+        // SAFETY: the mailboxes lie at `mbox`, two SLOT_STRIDE slots per
+        // local rank, all inside the mapping of `total` bytes.
+        unsafe {
+            self.base
+                .add(self.layout.mbox + (2 * i + k) * super::mailbox::SLOT_STRIDE)
+        }
+    }
+
+    /// The number of local ranks the segment was made for.
+    pub(crate) fn locals(&self) -> usize {
+        self.layout.locals
+    }
+}
+
 impl Drop for Segment {
     fn drop(&mut self) {
         match self.backing {
@@ -268,6 +294,16 @@ impl Drop for Segment {
 #[inline]
 pub(crate) fn notify(bell: &Doorbell) {
     fence(Ordering::SeqCst);
+    if bell.sleepers.load(Ordering::Relaxed) != 0 {
+        bell.seq.fetch_add(1, Ordering::SeqCst);
+        sys::futex_wake_all(&bell.seq);
+    }
+}
+
+/// [`notify`] for a caller that has just issued a SeqCst fence itself
+/// (one fence, then several doorbells).
+#[inline]
+pub(crate) fn notify_fenced(bell: &Doorbell) {
     if bell.sleepers.load(Ordering::Relaxed) != 0 {
         bell.seq.fetch_add(1, Ordering::SeqCst);
         sys::futex_wake_all(&bell.seq);
@@ -310,6 +346,45 @@ impl RingLink {
             recv_msgs: 0,
             direct_recvd: 0,
         }
+    }
+
+    /// The segment this link's rings live in.
+    pub(crate) fn segment(&self) -> &Arc<Segment> {
+        &self.seg
+    }
+
+    /// The peer's local index in the segment.
+    pub(crate) fn peer_index(&self) -> usize {
+        self.peer
+    }
+
+    /// The header of the next unread message from the peer, if one has
+    /// arrived and this side has not started on it.
+    pub(crate) fn peek_header(&self) -> Option<Header> {
+        let seg = &*self.seg;
+        let cap = seg.layout.cap as u64;
+        let ctl = seg.ctl(self.peer, self.me);
+        let t = ctl.tail.load(Ordering::Relaxed);
+        if ctl.head.load(Ordering::Acquire) - t < HEADER_BYTES as u64 {
+            return None;
+        }
+        let mut hdr = Header::default();
+        // SAFETY: 16 published bytes at t (16-aligned, not wrapping). Only
+        // called between messages, where t is a message boundary.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                seg.data(self.peer, self.me).add((t % cap) as usize),
+                bytemuck::bytes_of_mut(&mut hdr).as_mut_ptr(),
+                HEADER_BYTES,
+            )
+        };
+        Some(hdr)
+    }
+
+    /// True if no unread byte from the peer is in the ring.
+    pub(crate) fn inbound_empty(&self) -> bool {
+        let ctl = self.seg.ctl(self.peer, self.me);
+        ctl.head.load(Ordering::Acquire) == ctl.tail.load(Ordering::Relaxed)
     }
 
     /// Pushes as much of `m` as the ring takes. Returns whether anything moved.

@@ -1,0 +1,210 @@
+//! The direct algorithm over mailboxes: what each rank publishes and reads
+//! for each collective when every rank shares one segment.
+//!
+//! The result is the direct schedule's, bit for bit: reductions run in rank
+//! order 0, 1, ..., n-1 on every rank, with this rank's own part read from
+//! its own slot or input. Only the transport differs: one write into this
+//! rank's slot replaces n-1 ring messages, and readers reduce or copy
+//! straight out of the writers' slots ([`crate::transport::mailbox`]).
+
+use super::{Core, OpCall};
+use crate::algo::Collective;
+use crate::error::Result;
+use crate::reduce;
+use crate::transport::mailbox::{self, Waiting, MBOX_BYTES};
+use std::sync::atomic::AtomicBool;
+
+/// Bytes a rank contributes to `coll` with `bytes` per block on `n` ranks
+/// (what its slot must hold), or `None` for calls mailboxes do not carry.
+pub(crate) fn contribution(coll: Collective, n: usize, bytes: usize) -> Option<usize> {
+    match coll {
+        Collective::AllReduce
+        | Collective::Reduce { .. }
+        | Collective::Broadcast { .. }
+        | Collective::AllGather
+        | Collective::Gather { .. } => Some(bytes),
+        Collective::ReduceScatter | Collective::AllToAll | Collective::Scatter { .. } => {
+            bytes.checked_mul(n)
+        }
+        Collective::Barrier => Some(0),
+        Collective::AllToAllV | Collective::Send { .. } | Collective::Recv { .. } => None,
+    }
+}
+
+/// True if `coll` with `bytes` per block fits a mailbox on `n` ranks.
+pub(crate) fn fits(coll: Collective, n: usize, bytes: usize) -> bool {
+    contribution(coll, n, bytes).is_some_and(|b| b <= MBOX_BYTES)
+}
+
+impl Core {
+    /// Runs `c` through the mailboxes (the caller checked [`fits`]).
+    pub(super) fn run_oneshot(
+        &mut self,
+        c: &OpCall,
+        seq: u64,
+        tag: u16,
+        coll_seq: u32,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let spin = if c.background {
+            (self.spin.0.min(std::time::Duration::from_micros(20)), true)
+        } else {
+            self.spin
+        };
+        let mut w = Waiting {
+            abort,
+            timeout: c.timeout.unwrap_or(self.config.timeout),
+            spin,
+            peer_pids: &self.peer_pids,
+            links: &self.links,
+            op_name: c.coll.kind().name(),
+            op_seq: seq,
+            coll_seq,
+            deadline: None,
+            nranks: self.nranks,
+            rank: self.rank,
+        };
+        let mb = self.mailbox.as_mut().expect("caller checked");
+        let r = Self::oneshot_steps(mb, c, tag, &mut w);
+        // Whatever happened, no peer may stay asleep on what we published.
+        mb.flush();
+        r
+    }
+
+    /// The body of [`run_oneshot`](Core::run_oneshot).
+    fn oneshot_steps(
+        mb: &mut mailbox::Mailbox,
+        c: &OpCall,
+        tag: u16,
+        w: &mut Waiting<'_>,
+    ) -> Result<()> {
+        let (n, me) = (w.nranks, w.rank);
+        let b = c.count * c.dtype.size();
+        let s = mb.begin(mailbox::meta(tag, c.count));
+        let (dt, op) = (c.dtype, c.op.step_op());
+        let (input, output) = (c.input as *const u8, c.output);
+        // SAFETY (for the block below): the comm layer checked every buffer
+        // length against the collective (input n*b for the all-to-all
+        // shapes, b otherwise; output likewise), so each offset below stays
+        // in its buffer; slots hold MBOX_BYTES >= the contribution
+        // (`fits`); a peer's slot is not rewritten before this rank starts
+        // its next op (the mailbox reuse rule), and input and output do
+        // not overlap except for an in-place AllReduce, which reads its own
+        // part from its slot, not from the buffer it overwrites.
+        unsafe {
+            // acc = x_0 op x_1 op ... op x_{n-1}, for part(q) the pointer to
+            // rank q's x (which may wait for it).
+            let reduce_all = |mb: &mut mailbox::Mailbox,
+                              w: &mut Waiting<'_>,
+                              acc: *mut u8,
+                              part: &dyn Fn(&mailbox::Mailbox, usize) -> *const u8|
+             -> Result<()> {
+                let mut first = if me == 0 {
+                    part(mb, 0)
+                } else {
+                    mb.receive(0, s, w)?;
+                    part(mb, 0)
+                };
+                for q in 1..n {
+                    if q != me {
+                        mb.receive(q, s, w)?;
+                    }
+                    reduce::reduce(dt, op, acc, first, part(mb, q), b);
+                    first = acc;
+                }
+                Ok(())
+            };
+            match c.coll {
+                Collective::AllReduce => {
+                    mb.publish(s, input, b, w)?;
+                    reduce_all(mb, w, output, &|mb, q| mb.payload(q, s))?;
+                }
+                Collective::ReduceScatter => {
+                    mb.publish(s, input, n * b, w)?;
+                    reduce_all(mb, w, output, &|mb, q| {
+                        if q == me {
+                            input.add(me * b)
+                        } else {
+                            mb.payload(q, s).add(me * b)
+                        }
+                    })?;
+                }
+                Collective::Reduce { root } => {
+                    if me == root {
+                        mb.publish(s, input, 0, w)?;
+                        reduce_all(mb, w, output, &|mb, q| {
+                            if q == me {
+                                input
+                            } else {
+                                mb.payload(q, s)
+                            }
+                        })?;
+                    } else {
+                        mb.publish(s, input, b, w)?;
+                    }
+                }
+                Collective::Broadcast { root } => {
+                    // The engine has put the root's data in its output.
+                    if me == root {
+                        mb.publish(s, output, b, w)?;
+                    } else {
+                        mb.publish(s, input, 0, w)?;
+                        let p = mb.receive(root, s, w)?;
+                        std::ptr::copy_nonoverlapping(p, output, b);
+                    }
+                }
+                Collective::AllGather => {
+                    // The engine has put this rank's block in place.
+                    mb.publish(s, output.add(me * b), b, w)?;
+                    for k in 1..n {
+                        let q = (me + k) % n;
+                        let p = mb.receive(q, s, w)?;
+                        std::ptr::copy_nonoverlapping(p, output.add(q * b), b);
+                    }
+                }
+                Collective::AllToAll => {
+                    mb.publish(s, input, n * b, w)?;
+                    std::ptr::copy_nonoverlapping(input.add(me * b), output.add(me * b), b);
+                    for k in 1..n {
+                        let q = (me + k) % n;
+                        let p = mb.receive(q, s, w)?;
+                        std::ptr::copy_nonoverlapping(p.add(me * b), output.add(q * b), b);
+                    }
+                }
+                Collective::Gather { root } => {
+                    if me == root {
+                        mb.publish(s, input, 0, w)?;
+                        std::ptr::copy_nonoverlapping(input, output.add(me * b), b);
+                        for k in 1..n {
+                            let q = (me + k) % n;
+                            let p = mb.receive(q, s, w)?;
+                            std::ptr::copy_nonoverlapping(p, output.add(q * b), b);
+                        }
+                    } else {
+                        mb.publish(s, input, b, w)?;
+                    }
+                }
+                Collective::Scatter { root } => {
+                    if me == root {
+                        mb.publish(s, input, n * b, w)?;
+                        std::ptr::copy_nonoverlapping(input.add(me * b), output, b);
+                    } else {
+                        mb.publish(s, input, 0, w)?;
+                        let p = mb.receive(root, s, w)?;
+                        std::ptr::copy_nonoverlapping(p.add(me * b), output, b);
+                    }
+                }
+                Collective::Barrier => {
+                    mb.publish(s, input, 0, w)?;
+                    for k in 1..n {
+                        mb.receive((me + k) % n, s, w)?;
+                    }
+                }
+                Collective::AllToAllV | Collective::Send { .. } | Collective::Recv { .. } => {
+                    unreachable!("`fits` rejects {:?}", c.coll)
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,345 @@
+//! Mailboxes: small collectives in one shot among the ranks of one segment.
+//!
+//! Every local rank owns two slots in the segment. In its k-th mailbox op a
+//! rank writes what it contributes (nothing, for a rank that only receives)
+//! into slot `k % 2`, then stores `k` in the slot's `seq` word (Release);
+//! the ranks that need it wait for that word (Acquire) and read the payload
+//! straight out of the slot. The 16-byte slot header shares its cache line
+//! with the first 48 payload bytes, so a small payload arrives with the flag
+//! that announces it: one cache-line transfer per peer, no ring head or
+//! tail to move, no acknowledgement on the critical path.
+//!
+//! ```text
+//!  rank r's mailbox:  [ seq | meta | payload ......... ]  slot 0  (even ops)
+//!                     [ seq | meta | payload ......... ]  slot 1  (odd ops)
+//! ```
+//!
+//! `meta` holds the op's tag (collective, type, reduction, root) and count
+//! as the writer sees them; every reader compares it with its own, so ranks
+//! that call different collectives get [`Error::Mismatch`], not wrong data.
+//!
+//! **Reuse.** A rank may overwrite slot `k % 2` for op k only when every
+//! peer has finished op k-2, the slot's previous use. A peer that has
+//! *started* op k-1 (its header for k-1 is out) has finished k-2, so the
+//! writer checks each peer's header for k-1. It usually knows already: it
+//! read that header during op k-1 (`seen`). Only ranks that read nobody in
+//! k-1 (a broadcast root, say) look at the peers' lines, and those were
+//! written long ago. Two slots are thus enough for any sequence of ops,
+//! and a reader's slot is never overwritten while it reads.
+//!
+//! **Waiting** follows the rings' rules: spin, then yield or sleep on the
+//! segment's futex doorbell, checking abort, the deadline and the peers'
+//! liveness while asleep. A writer wakes sleeping peers after publishing.
+
+use super::shm::{self, Segment};
+use super::{sys, Link};
+use crate::error::{Error, Result};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Payload bytes of one mailbox slot: the largest contribution a rank can
+/// make to a mailbox op.
+pub(crate) const MBOX_BYTES: usize = 32 << 10;
+/// Bytes of a slot's header (`seq`, `meta`).
+const SLOT_HDR: usize = 16;
+/// Bytes from one slot to the next: header and payload, rounded to 128 so
+/// that no two slots share a cache line or an adjacent-line prefetch pair.
+pub(crate) const SLOT_STRIDE: usize = (SLOT_HDR + MBOX_BYTES).div_ceil(128) * 128;
+
+#[repr(C)]
+struct SlotHdr {
+    /// The mailbox op whose data the slot holds (0: none yet).
+    seq: AtomicU64,
+    /// The writer's view of the op: tag << 48 | count.
+    meta: AtomicU64,
+}
+
+/// What identifies an op in a slot header: tag and element count.
+pub(crate) fn meta(tag: u16, count: usize) -> u64 {
+    (tag as u64) << 48 | (count as u64 & ((1 << 48) - 1))
+}
+
+/// One rank's view of its communicator's mailboxes.
+pub(crate) struct Mailbox {
+    seg: Arc<Segment>,
+    /// Local index in the segment of every communicator rank.
+    local: Vec<usize>,
+    /// This rank (communicator numbering).
+    me: usize,
+    /// Mailbox ops this rank has started.
+    seq: u64,
+    /// Per rank, the last op whose header this rank has read and checked.
+    seen: Vec<u64>,
+    /// The meta of this rank's last two ops (checked against late readers).
+    metas: [u64; 2],
+    /// Published since the peers were last told (see [`Mailbox::flush`]).
+    unflushed: bool,
+}
+
+/// What a mailbox wait needs from its op: abort flag, deadline, spin
+/// policy, and what to check about the peers while asleep.
+pub(crate) struct Waiting<'a> {
+    pub abort: &'a AtomicBool,
+    pub timeout: Duration,
+    pub spin: (Duration, bool),
+    pub peer_pids: &'a [Option<i32>],
+    pub links: &'a [Option<Link>],
+    pub op_name: &'static str,
+    /// The op's sequence number on the communicator (for errors).
+    pub op_seq: u64,
+    /// The collective number ring messages of this op would carry.
+    pub coll_seq: u32,
+    pub deadline: Option<Instant>,
+    /// Communicator size and this rank.
+    pub nranks: usize,
+    pub rank: usize,
+}
+
+impl Mailbox {
+    /// Mailboxes for a communicator whose every peer is a ring link on
+    /// `seg`, where this rank (`me`) has local index `my_local`; `None` if
+    /// some peer is not (TCP, or another segment) or there is no peer.
+    pub(crate) fn new(
+        links: &[Option<Link>],
+        me: usize,
+        seg: &Arc<Segment>,
+        my_local: usize,
+    ) -> Option<Self> {
+        let n = links.len();
+        if n < 2 || my_local >= seg.locals() {
+            return None;
+        }
+        let mut local = vec![my_local; n];
+        for (q, l) in links.iter().enumerate() {
+            match l {
+                None if q == me => {}
+                Some(Link::Ring(r, _)) if Arc::ptr_eq(r.segment(), seg) => {
+                    local[q] = r.peer_index()
+                }
+                _ => return None,
+            }
+        }
+        Some(Mailbox {
+            seg: seg.clone(),
+            local,
+            me,
+            seq: 0,
+            seen: vec![0; n],
+            metas: [0; 2],
+            unflushed: false,
+        })
+    }
+
+    fn hdr(&self, r: usize, s: u64) -> &SlotHdr {
+        // SAFETY: a slot starts with a SlotHdr (two atomics, valid when
+        // zeroed), 128-aligned inside the segment, which `seg` keeps mapped.
+        unsafe { &*(self.seg.mbox_slot(self.local[r], (s & 1) as usize) as *const SlotHdr) }
+    }
+
+    /// Rank `r`'s payload for op `s`.
+    pub(crate) fn payload(&self, r: usize, s: u64) -> *const u8 {
+        // SAFETY: the payload follows the header inside the slot.
+        unsafe { self.seg.mbox_slot(self.local[r], (s & 1) as usize).add(SLOT_HDR) }
+    }
+
+    /// True if peer `q` has published op `s` (or a later one).
+    fn arrived(&self, q: usize, s: u64) -> bool {
+        self.hdr(q, s).seq.load(Ordering::Acquire) >= s
+    }
+
+    /// Checks peer `q`'s header for op `s` (published) against ours.
+    fn check_meta(&mut self, q: usize, s: u64, w: &Waiting<'_>) -> Result<()> {
+        let theirs = self.hdr(q, s).meta.load(Ordering::Relaxed);
+        let ours = self.metas[(s & 1) as usize];
+        if theirs != ours {
+            let (tt, tc) = ((theirs >> 48) as u16, theirs & ((1 << 48) - 1));
+            let (ot, oc) = ((ours >> 48) as u16, ours & ((1 << 48) - 1));
+            let which = if s == self.seq {
+                "this call"
+            } else {
+                "the previous call"
+            };
+            return Err(Error::Mismatch {
+                rank: self.me,
+                peer: q,
+                seq: w.op_seq,
+                msg: format!(
+                    "in {which}, this rank runs {} with {oc} elements ({}), rank {q} runs {} with {tc} elements ({}); every rank must call the same collectives in the same order with the same count, type, op and root",
+                    super::tag_name(ot),
+                    super::describe_tag(ot),
+                    super::tag_name(tt),
+                    super::describe_tag(tt),
+                ),
+            });
+        }
+        self.seen[q] = self.seen[q].max(s);
+        Ok(())
+    }
+
+    /// Starts the next op: returns its number.
+    pub(crate) fn begin(&mut self, meta: u64) -> u64 {
+        self.seq += 1;
+        self.metas[(self.seq & 1) as usize] = meta;
+        self.seq
+    }
+
+    /// Publishes this rank's part of op `s`: `len` bytes from `src` (none
+    /// if `len` is 0), after making sure no peer still reads the slot.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes, `len <= MBOX_BYTES`.
+    pub(crate) unsafe fn publish(
+        &mut self,
+        s: u64,
+        src: *const u8,
+        len: usize,
+        w: &mut Waiting<'_>,
+    ) -> Result<()> {
+        debug_assert!(len <= MBOX_BYTES);
+        if s > 1 {
+            for q in 0..self.local.len() {
+                if q != self.me && self.seen[q] < s - 1 {
+                    self.wait_for(q, s - 1, w)?;
+                }
+            }
+        }
+        let h = self.hdr(self.me, s);
+        h.meta.store(self.metas[(s & 1) as usize], Ordering::Relaxed);
+        if len > 0 {
+            // SAFETY: the slot holds MBOX_BYTES >= len payload bytes, and no
+            // peer reads it (checked above); src is valid (caller).
+            unsafe { std::ptr::copy_nonoverlapping(src, self.payload(self.me, s) as *mut u8, len) };
+        }
+        h.seq.store(s, Ordering::Release);
+        // Sleeping peers are woken later (`flush`): a fence here would wait
+        // for the store to reach the peers' caches, on the critical path.
+        self.unflushed = true;
+        Ok(())
+    }
+
+    /// Wakes the peers that sleep waiting for what this rank published. Must
+    /// run before this rank waits for long or returns from its op: a peer
+    /// that went to sleep before our store was visible is woken only here.
+    pub(crate) fn flush(&mut self) {
+        if !std::mem::take(&mut self.unflushed) {
+            return;
+        }
+        // Pairs with the sleeper's SeqCst announcement in `shm::sleep_on`:
+        // either it sees our seq, or we see it asleep.
+        fence(Ordering::SeqCst);
+        for q in 0..self.local.len() {
+            if q != self.me {
+                shm::notify_fenced(self.seg.bell(self.local[q]));
+            }
+        }
+    }
+
+    /// Waits for peer `q`'s part of op `s` and checks that it is the same
+    /// op; returns its payload.
+    pub(crate) fn receive(&mut self, q: usize, s: u64, w: &mut Waiting<'_>) -> Result<*const u8> {
+        if self.seen[q] < s {
+            self.wait_for(q, s, w)?;
+        }
+        Ok(self.payload(q, s))
+    }
+
+    /// Waits until `q` has published op `s`, then checks its header.
+    fn wait_for(&mut self, q: usize, s: u64, w: &mut Waiting<'_>) -> Result<()> {
+        let (spin_for, yield_while_polling) = w.spin;
+        let mut idle = 0u32;
+        let mut idle_since: Option<Instant> = None;
+        let mut last_check: Option<Instant> = None;
+        loop {
+            if self.arrived(q, s) {
+                return self.check_meta(q, s, w);
+            }
+            idle += 1;
+            if idle == 64 {
+                // The peer may be asleep waiting for us.
+                self.flush();
+            }
+            let polling = idle < 256
+                || !idle.is_multiple_of(64)
+                || idle_since.get_or_insert_with(Instant::now).elapsed() < spin_for;
+            if polling {
+                if yield_while_polling && idle > 8 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+                continue;
+            }
+            if w.abort.load(Ordering::Relaxed) {
+                return Err(Error::Aborted);
+            }
+            let now = Instant::now();
+            let deadline = *w.deadline.get_or_insert(now + w.timeout);
+            if now >= deadline {
+                let waiting_for = (0..self.local.len())
+                    .filter(|&p| p != self.me && !self.arrived(p, s))
+                    .collect();
+                return Err(Error::Timeout {
+                    op: w.op_name.to_string(),
+                    seq: w.op_seq,
+                    rank: self.me,
+                    waiting_for,
+                    after: w.timeout,
+                });
+            }
+            if last_check.is_none_or(|t| now.duration_since(t) > Duration::from_millis(20)) {
+                last_check = Some(now);
+                self.check_peer(q, w)?;
+            }
+            let nap = (deadline - now).min(Duration::from_millis(20));
+            let bell = self.seg.bell(self.local[self.me]);
+            shm::sleep_on(bell, nap, || !self.arrived(q, s));
+        }
+    }
+
+    /// While waiting for `q`: fails if it died, aborted, or sent a ring
+    /// message of this very collective (it runs the op another way, so the
+    /// ranks disagree on the call).
+    fn check_peer(&self, q: usize, w: &Waiting<'_>) -> Result<()> {
+        let lost = |msg: String| Error::PeerLost {
+            rank: self.me,
+            peer: q,
+            op: w.op_name.to_string(),
+            seq: w.op_seq,
+            msg,
+        };
+        if self.seg.bell(self.local[q]).aborted.load(Ordering::Relaxed) != 0 {
+            return Err(lost(format!("rank {q} failed or was aborted")));
+        }
+        if let Some(Some(pid)) = w.peer_pids.get(q) {
+            if !sys::process_alive(*pid) {
+                return Err(lost(format!("process {pid} is gone")));
+            }
+        }
+        if let Some(Some(Link::Ring(l, _))) = w.links.get(q) {
+            if let Some(h) = l.peek_header() {
+                if h.seq == w.coll_seq {
+                    return Err(Error::Mismatch {
+                        rank: self.me,
+                        peer: q,
+                        seq: w.op_seq,
+                        msg: format!(
+                            "this rank runs {} in one shot, rank {q} sent it a message of {} ({}); every rank must call the same collectives in the same order with the same count, type, op and root",
+                            w.op_name,
+                            super::tag_name(h.tag),
+                            super::describe_tag(h.tag)
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// For an op that is not a mailbox op, waiting on `q`: true if `q` is in
+    /// a mailbox op this rank has not started, so it will never send what
+    /// this rank waits for.
+    pub(crate) fn peer_ahead(&self, q: usize) -> bool {
+        q != self.me && self.arrived(q, self.seq + 1)
+    }
+}
