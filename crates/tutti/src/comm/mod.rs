@@ -100,6 +100,10 @@ pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate
         threads,
         tcp_only: config.transport == crate::config::TransportChoice::Tcp,
         deterministic: config.deterministic,
+        mailbox: config.mailbox
+            && config.transport != crate::config::TransportChoice::Tcp
+            && topo.host_of.len() > 1
+            && topo.host_of.iter().all(|&h| h == topo.host_of[0]),
     }
 }
 

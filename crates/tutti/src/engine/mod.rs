@@ -184,7 +184,7 @@ impl Core {
             dtype: c.dtype.name(),
             redop: c.op.name(),
             algorithm: "",
-            state: recorder::OpState::Running,
+            state: recorder::RecState::Running,
             start_us: 0,
             end_us: 0,
         });

@@ -65,7 +65,9 @@ impl Core {
             rank: self.rank,
         };
         let mb = self.mailbox.as_mut().expect("caller checked");
-        let r = Self::oneshot_steps(mb, c, tag, &mut w);
+        let r = mb
+            .check_stale(&w)
+            .and_then(|()| Self::oneshot_steps(mb, c, tag, &mut w));
         // Whatever happened, no peer may stay asleep on what we published.
         mb.flush();
         r

@@ -68,8 +68,17 @@ pub(crate) fn now_us() -> u64 {
         .unwrap_or(0)
 }
 
-/// What the hot path records: no allocation per op.
-#[derive(Clone, Debug)]
+/// The state of a [`Rec`]: [`OpState`] without the message, so that a
+/// record is plain data (the messages of failures are kept aside).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RecState {
+    Running,
+    Done,
+    Failed,
+}
+
+/// What the hot path records: plain data, no allocation per op.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Rec {
     pub seq: u64,
     pub op: &'static str,
@@ -78,44 +87,70 @@ pub(crate) struct Rec {
     pub dtype: &'static str,
     pub redop: &'static str,
     pub algorithm: &'static str,
-    pub state: OpState,
+    pub state: RecState,
     pub start_us: u64,
     pub end_us: u64,
 }
 
-impl From<&Rec> for OpRecord {
-    fn from(r: &Rec) -> Self {
+impl Rec {
+    fn record(&self, failures: &VecDeque<(u64, String)>) -> OpRecord {
+        let state = match self.state {
+            RecState::Running => OpState::Running,
+            RecState::Done => OpState::Done,
+            RecState::Failed => OpState::Failed(
+                failures
+                    .iter()
+                    .find(|(s, _)| *s == self.seq)
+                    .map_or_else(String::new, |(_, m)| m.clone()),
+            ),
+        };
         OpRecord {
-            seq: r.seq,
-            op: r.op.into(),
-            root_or_peer: r.root_or_peer,
-            count: r.count,
-            dtype: r.dtype.into(),
-            redop: r.redop.into(),
-            algorithm: r.algorithm.into(),
-            state: r.state.clone(),
-            start_us: r.start_us,
-            end_us: r.end_us,
+            seq: self.seq,
+            op: self.op.into(),
+            root_or_peer: self.root_or_peer,
+            count: self.count,
+            dtype: self.dtype.into(),
+            redop: self.redop.into(),
+            algorithm: self.algorithm.into(),
+            state,
+            start_us: self.start_us,
+            end_us: self.end_us,
         }
     }
 }
 
 /// The recorder itself: a ring of the last [`CAPACITY`] ops.
-#[derive(Default)]
 pub(crate) struct Recorder {
-    ops: VecDeque<Rec>,
+    ring: [Option<Rec>; CAPACITY],
+    /// Ops recorded so far; the newest is at `(started - 1) % CAPACITY`.
+    started: usize,
+    /// Messages of the failed ops still in the ring, by sequence number.
+    failures: VecDeque<(u64, String)>,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder {
+            ring: [None; CAPACITY],
+            started: 0,
+            failures: VecDeque::new(),
+        }
+    }
 }
 
 impl Recorder {
     pub(crate) fn start(&mut self, r: Rec) {
-        if self.ops.len() == CAPACITY {
-            self.ops.pop_front();
-        }
-        self.ops.push_back(r);
+        self.ring[self.started % CAPACITY] = Some(r);
+        self.started += 1;
+    }
+
+    fn newest(&mut self) -> Option<&mut Rec> {
+        let i = self.started.checked_sub(1)?;
+        self.ring[i % CAPACITY].as_mut()
     }
 
     pub(crate) fn set_algorithm(&mut self, alg: &'static str) {
-        if let Some(r) = self.ops.back_mut() {
+        if let Some(r) = self.newest() {
             r.algorithm = alg;
         }
     }
@@ -123,12 +158,26 @@ impl Recorder {
     /// Ends the newest op. Only failures are timestamped (the clock is not
     /// read on the hot path of every small op).
     pub(crate) fn finish(&mut self, state: OpState) {
-        if let Some(r) = self.ops.back_mut() {
-            if state != OpState::Done {
+        let Some(r) = self.newest() else { return };
+        match state {
+            OpState::Running => r.state = RecState::Running,
+            OpState::Done => r.state = RecState::Done,
+            OpState::Failed(msg) => {
+                r.state = RecState::Failed;
                 r.end_us = now_us();
+                let seq = r.seq;
+                if self.failures.len() == CAPACITY {
+                    self.failures.pop_front();
+                }
+                self.failures.push_back((seq, msg));
             }
-            r.state = state;
         }
+    }
+
+    /// The recorded ops, oldest first.
+    fn ops(&self) -> impl Iterator<Item = &Rec> {
+        let n = self.started.min(CAPACITY);
+        (self.started - n..self.started).filter_map(|i| self.ring[i % CAPACITY].as_ref())
     }
 
     /// Logs the record and writes it to `TUTTI_TRACE_DIR`, if set.
@@ -136,17 +185,10 @@ impl Recorder {
         let t = Trace {
             rank,
             size,
-            ops: self.ops.iter().map(OpRecord::from).collect(),
+            ops: self.ops().map(|r| r.record(&self.failures)).collect(),
         };
-        for r in self
-            .ops
-            .iter()
-            .rev()
-            .take(8)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-        {
+        let shown = t.ops.len().saturating_sub(8);
+        for r in &t.ops[shown..] {
             tracing::error!(
                 rank,
                 "flight recorder: #{} {} count {} {} {} via {}: {:?}",

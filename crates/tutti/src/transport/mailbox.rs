@@ -140,7 +140,11 @@ impl Mailbox {
     /// Rank `r`'s payload for op `s`.
     pub(crate) fn payload(&self, r: usize, s: u64) -> *const u8 {
         // SAFETY: the payload follows the header inside the slot.
-        unsafe { self.seg.mbox_slot(self.local[r], (s & 1) as usize).add(SLOT_HDR) }
+        unsafe {
+            self.seg
+                .mbox_slot(self.local[r], (s & 1) as usize)
+                .add(SLOT_HDR)
+        }
     }
 
     /// True if peer `q` has published op `s` (or a later one).
@@ -205,7 +209,8 @@ impl Mailbox {
             }
         }
         let h = self.hdr(self.me, s);
-        h.meta.store(self.metas[(s & 1) as usize], Ordering::Relaxed);
+        h.meta
+            .store(self.metas[(s & 1) as usize], Ordering::Relaxed);
         if len > 0 {
             // SAFETY: the slot holds MBOX_BYTES >= len payload bytes, and no
             // peer reads it (checked above); src is valid (caller).
@@ -331,6 +336,34 @@ impl Mailbox {
                         ),
                     });
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// At the start of a mailbox op: fails if a peer's ring holds an unread
+    /// message of an earlier collective, which this rank skipped (the ranks
+    /// disagreed on a call, e.g. on a broadcast's root). Costs a load of
+    /// each peer's ring head, a line the peer writes only when it sends.
+    pub(crate) fn check_stale(&self, w: &Waiting<'_>) -> Result<()> {
+        for (q, l) in w.links.iter().enumerate() {
+            let Some(Link::Ring(l, _)) = l else { continue };
+            if l.inbound_empty() {
+                continue;
+            }
+            let Some(h) = l.peek_header() else { continue };
+            if h.seq != super::P2P_SEQ && (h.seq.wrapping_sub(w.coll_seq) as i32) < 0 {
+                return Err(Error::Mismatch {
+                    rank: self.me,
+                    peer: q,
+                    seq: w.op_seq,
+                    msg: format!(
+                        "rank {q} sent a message of {} ({}, collective #{}) that this rank never received: the ranks disagreed on an earlier call; every rank must call the same collectives in the same order with the same count, type, op and root",
+                        super::tag_name(h.tag),
+                        super::describe_tag(h.tag),
+                        h.seq
+                    ),
+                });
             }
         }
         Ok(())

@@ -57,6 +57,14 @@ pub struct CostModel {
     pub copy_gbps: f64,
     /// Fixed cost of every step a rank runs, microseconds.
     pub step_us: f64,
+    /// Fixed cost of a one-shot mailbox op among the ranks of one host
+    /// (publish, one flag transfer, the op's software path), microseconds.
+    #[serde(default = "default_mailbox_us")]
+    pub mailbox_us: f64,
+}
+
+fn default_mailbox_us() -> f64 {
+    0.2
 }
 
 impl Default for CostModel {
@@ -79,6 +87,7 @@ impl Default for CostModel {
             reduce_gbps: 8.0,
             copy_gbps: 12.0,
             step_us: 0.05,
+            mailbox_us: default_mailbox_us(),
         }
     }
 }
@@ -92,6 +101,32 @@ impl CostModel {
             LinkClass::Tcp => self.tcp,
         }
     }
+}
+
+/// Predicted time of the direct algorithm over mailboxes
+/// ([`crate::transport::mailbox`]): `mailbox_us`, then the largest
+/// contribution copied into its slot, then the most any rank reads out of
+/// the peers' slots (reducing, or copying), each byte once, at the shared
+/// memory rate. `None` if the call does not fit a slot.
+pub fn predict_mailbox(model: &CostModel, p: &Problem, elem: usize) -> Option<f64> {
+    use crate::algo::Collective as C;
+    let n = p.nranks;
+    let b = (p.count * elem) as f64;
+    if p.vcounts.is_some() || !crate::engine::oneshot::fits(p.coll, n, p.count * elem) {
+        return None;
+    }
+    let publish = crate::engine::oneshot::contribution(p.coll, n, p.count * elem)? as f64;
+    let others = (n - 1) as f64 * b;
+    let (read, reduces) = match p.coll {
+        C::AllReduce | C::ReduceScatter | C::Reduce { .. } => (others, true),
+        C::AllGather | C::AllToAll | C::Gather { .. } => (others, false),
+        C::Broadcast { .. } | C::Scatter { .. } => (b, false),
+        C::Barrier => (0.0, false),
+        C::AllToAllV | C::Send { .. } | C::Recv { .. } => return None,
+    };
+    let g = model.shm.gbps;
+    let rg = if reduces { g.min(model.reduce_gbps) } else { g };
+    Some(model.mailbox_us + publish / g / 1e3 + read / rg / 1e3)
 }
 
 /// Builds every rank's schedule of `p` (one [`Problem`] per rank derived

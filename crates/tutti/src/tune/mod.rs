@@ -122,6 +122,9 @@ pub struct TuneCtx {
     pub tcp_only: bool,
     /// Float reductions must not depend on the algorithm (`TUTTI_DETERMINISTIC=1`).
     pub deterministic: bool,
+    /// The direct algorithm runs small calls through one-shot mailboxes
+    /// (every rank on one host, over shared memory or as threads).
+    pub mailbox: bool,
 }
 
 impl TuneCtx {
@@ -144,6 +147,7 @@ impl TuneCtx {
             threads: false,
             tcp_only: false,
             deterministic: false,
+            mailbox: n > 1,
         }
     }
 
@@ -180,6 +184,11 @@ pub struct Choice {
 
 /// Predicted time of `alg` on `p` as it stands (chunks included).
 fn price(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> Option<f64> {
+    if alg == Algorithm::Direct && ctx.mailbox {
+        if let Some(t) = cost::predict_mailbox(&ctx.model, p, elem) {
+            return Some(t);
+        }
+    }
     let class = |a: usize, b: usize| ctx.class(a, b);
     if p.nranks <= SIMULATE_ALL_UP_TO {
         cost::predict(&ctx.model, p, alg, elem, &class)
@@ -416,6 +425,7 @@ mod tests {
             threads: false,
             tcp_only: false,
             deterministic: false,
+            mailbox: false,
         };
         for count in [16usize, 1 << 20] {
             let mut p = Problem::new(Collective::AllReduce, 8, 0, count);
@@ -475,6 +485,7 @@ mod tests {
                 threads: false,
                 tcp_only: false,
                 deterministic: false,
+                mailbox: false,
             };
             let mut p = Problem::new(Collective::AllReduce, hosts * l, 0, 4 << 20);
             p.hosts = ctx.hosts();

@@ -32,7 +32,7 @@ fn implements(alg: Algorithm, k: CollKind) -> bool {
             k,
             AllReduce | Broadcast | Reduce | AllGather | ReduceScatter
         ),
-        Algorithm::Direct => k != ReduceScatter,
+        Algorithm::Direct => true,
         Algorithm::Tree => matches!(k, AllReduce | Broadcast | Reduce | Gather | Scatter),
         Algorithm::DoubleTree => matches!(k, AllReduce | Broadcast | Reduce),
         Algorithm::HalvingDoubling => matches!(k, AllReduce | ReduceScatter | AllGather),
@@ -206,6 +206,10 @@ fn bytes_sent_match_the_docs() {
     assert_eq!(sent(Collective::AllReduce, Algorithm::TwoShot).0, bw);
     assert_eq!(
         sent(Collective::ReduceScatter, Algorithm::TwoShot).0,
+        (n - 1) * c
+    );
+    assert_eq!(
+        sent(Collective::ReduceScatter, Algorithm::Direct).0,
         (n - 1) * c
     );
     let root = Collective::Broadcast { root: 0 };
@@ -434,7 +438,7 @@ fn hierarchical_implements(lv: Levels, k: CollKind) -> bool {
     match k {
         CollKind::AllReduce => lv.intra == Ring,
         CollKind::AllGather => both(&[Ring, HalvingDoubling, Direct]),
-        CollKind::ReduceScatter => both(&[Ring, HalvingDoubling]),
+        CollKind::ReduceScatter => both(&[Ring, HalvingDoubling, Direct]),
         CollKind::Broadcast | CollKind::Reduce => both(&[Ring, Tree, Direct]),
         _ => false,
     }
