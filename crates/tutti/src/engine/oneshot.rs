@@ -94,24 +94,26 @@ impl Core {
         // not overlap except for an in-place AllReduce, which reads its own
         // part from its slot, not from the buffer it overwrites.
         unsafe {
-            // acc = x_0 op x_1 op ... op x_{n-1}, for part(q) the pointer to
-            // rank q's x (which may wait for it).
+            // acc = x_0 op x_1 op ... op x_{n-1}: this rank's x at `own`,
+            // a peer's at offset `off` of its payload (waited for in order).
             let reduce_all = |mb: &mut mailbox::Mailbox,
                               w: &mut Waiting<'_>,
                               acc: *mut u8,
-                              part: &dyn Fn(&mailbox::Mailbox, usize) -> *const u8|
+                              own: *const u8,
+                              off: usize|
              -> Result<()> {
                 let mut first = if me == 0 {
-                    part(mb, 0)
+                    own
                 } else {
-                    mb.receive(0, s, w)?;
-                    part(mb, 0)
+                    mb.receive(0, s, w)?.add(off)
                 };
                 for q in 1..n {
-                    if q != me {
-                        mb.receive(q, s, w)?;
-                    }
-                    reduce::reduce(dt, op, acc, first, part(mb, q), b);
+                    let x = if q == me {
+                        own
+                    } else {
+                        mb.receive(q, s, w)?.add(off)
+                    };
+                    reduce::reduce(dt, op, acc, first, x, b);
                     first = acc;
                 }
                 Ok(())
@@ -119,28 +121,16 @@ impl Core {
             match c.coll {
                 Collective::AllReduce => {
                     mb.publish(s, input, b, w)?;
-                    reduce_all(mb, w, output, &|mb, q| mb.payload(q, s))?;
+                    reduce_all(mb, w, output, mb.payload(me, s), 0)?;
                 }
                 Collective::ReduceScatter => {
                     mb.publish(s, input, n * b, w)?;
-                    reduce_all(mb, w, output, &|mb, q| {
-                        if q == me {
-                            input.add(me * b)
-                        } else {
-                            mb.payload(q, s).add(me * b)
-                        }
-                    })?;
+                    reduce_all(mb, w, output, input.add(me * b), me * b)?;
                 }
                 Collective::Reduce { root } => {
                     if me == root {
                         mb.publish(s, input, 0, w)?;
-                        reduce_all(mb, w, output, &|mb, q| {
-                            if q == me {
-                                input
-                            } else {
-                                mb.payload(q, s)
-                            }
-                        })?;
+                        reduce_all(mb, w, output, input, 0)?;
                     } else {
                         mb.publish(s, input, b, w)?;
                     }

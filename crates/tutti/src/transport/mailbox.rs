@@ -62,9 +62,15 @@ pub(crate) fn meta(tag: u16, count: usize) -> u64 {
 
 /// One rank's view of its communicator's mailboxes.
 pub(crate) struct Mailbox {
-    seg: Arc<Segment>,
+    /// Keeps the segment, and so every pointer below, mapped.
+    _seg: Arc<Segment>,
     /// Local index in the segment of every communicator rank.
     local: Vec<usize>,
+    /// Every rank's two slots (computed once: the hot path does no
+    /// address arithmetic).
+    slots: Vec<[*mut u8; 2]>,
+    /// Every rank's doorbell.
+    bells: Vec<*const shm::Doorbell>,
     /// This rank (communicator numbering).
     me: usize,
     /// Mailbox ops this rank has started.
@@ -96,6 +102,11 @@ pub(crate) struct Waiting<'a> {
     pub rank: usize,
 }
 
+// SAFETY: the raw pointers point into the segment, which the Arc keeps
+// mapped for the Mailbox's whole life; all shared words are atomics, and
+// payload bytes are handed over by the Release/Acquire protocol above.
+unsafe impl Send for Mailbox {}
+
 impl Mailbox {
     /// Mailboxes for a communicator whose every peer is a ring link on
     /// `seg`, where this rank (`me`) has local index `my_local`; `None` if
@@ -120,9 +131,19 @@ impl Mailbox {
                 _ => return None,
             }
         }
+        let slots = local
+            .iter()
+            .map(|&i| [seg.mbox_slot(i, 0), seg.mbox_slot(i, 1)])
+            .collect();
+        let bells = local
+            .iter()
+            .map(|&i| seg.bell(i) as *const shm::Doorbell)
+            .collect();
         Some(Mailbox {
-            seg: seg.clone(),
+            _seg: seg.clone(),
             local,
+            slots,
+            bells,
             me,
             seq: 0,
             seen: vec![0; n],
@@ -131,28 +152,34 @@ impl Mailbox {
         })
     }
 
+    #[inline]
     fn hdr(&self, r: usize, s: u64) -> &SlotHdr {
         // SAFETY: a slot starts with a SlotHdr (two atomics, valid when
         // zeroed), 128-aligned inside the segment, which `seg` keeps mapped.
-        unsafe { &*(self.seg.mbox_slot(self.local[r], (s & 1) as usize) as *const SlotHdr) }
+        unsafe { &*(self.slots[r][(s & 1) as usize] as *const SlotHdr) }
+    }
+
+    #[inline]
+    fn bell(&self, r: usize) -> &shm::Doorbell {
+        // SAFETY: doorbells live in the segment, which `seg` keeps mapped.
+        unsafe { &*self.bells[r] }
     }
 
     /// Rank `r`'s payload for op `s`.
+    #[inline]
     pub(crate) fn payload(&self, r: usize, s: u64) -> *const u8 {
         // SAFETY: the payload follows the header inside the slot.
-        unsafe {
-            self.seg
-                .mbox_slot(self.local[r], (s & 1) as usize)
-                .add(SLOT_HDR)
-        }
+        unsafe { self.slots[r][(s & 1) as usize].add(SLOT_HDR) }
     }
 
     /// True if peer `q` has published op `s` (or a later one).
+    #[inline]
     fn arrived(&self, q: usize, s: u64) -> bool {
         self.hdr(q, s).seq.load(Ordering::Acquire) >= s
     }
 
     /// Checks peer `q`'s header for op `s` (published) against ours.
+    #[inline]
     fn check_meta(&mut self, q: usize, s: u64, w: &Waiting<'_>) -> Result<()> {
         let theirs = self.hdr(q, s).meta.load(Ordering::Relaxed);
         let ours = self.metas[(s & 1) as usize];
@@ -235,16 +262,21 @@ impl Mailbox {
         fence(Ordering::SeqCst);
         for q in 0..self.local.len() {
             if q != self.me {
-                shm::notify_fenced(self.seg.bell(self.local[q]));
+                shm::notify_fenced(self.bell(q));
             }
         }
     }
 
     /// Waits for peer `q`'s part of op `s` and checks that it is the same
     /// op; returns its payload.
+    #[inline]
     pub(crate) fn receive(&mut self, q: usize, s: u64, w: &mut Waiting<'_>) -> Result<*const u8> {
         if self.seen[q] < s {
-            self.wait_for(q, s, w)?;
+            if self.arrived(q, s) {
+                self.check_meta(q, s, w)?;
+            } else {
+                self.wait_for(q, s, w)?;
+            }
         }
         Ok(self.payload(q, s))
     }
@@ -297,8 +329,7 @@ impl Mailbox {
                 self.check_peer(q, w)?;
             }
             let nap = (deadline - now).min(Duration::from_millis(20));
-            let bell = self.seg.bell(self.local[self.me]);
-            shm::sleep_on(bell, nap, || !self.arrived(q, s));
+            shm::sleep_on(self.bell(self.me), nap, || !self.arrived(q, s));
         }
     }
 
@@ -313,7 +344,7 @@ impl Mailbox {
             seq: w.op_seq,
             msg,
         };
-        if self.seg.bell(self.local[q]).aborted.load(Ordering::Relaxed) != 0 {
+        if self.bell(q).aborted.load(Ordering::Relaxed) != 0 {
             return Err(lost(format!("rank {q} failed or was aborted")));
         }
         if let Some(Some(pid)) = w.peer_pids.get(q) {

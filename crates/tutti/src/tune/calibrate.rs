@@ -134,12 +134,12 @@ fn measure_mailbox(comm: &Communicator) -> Result<Option<f64>> {
     for batch in 0..6 {
         comm.barrier()?;
         let t = Instant::now();
-        for _ in 0..100 {
+        for _ in 0..1000 {
             comm.all_reduce_with(&mut x, ReduceOp::Sum, &direct)?;
         }
         // The first batch warms up.
         if batch > 0 {
-            best = best.min(t.elapsed().as_secs_f64() * 1e6 / 100.0);
+            best = best.min(t.elapsed().as_secs_f64() * 1e6 / 1000.0);
         }
     }
     Ok((comm.rank() == 0).then_some(best))
