@@ -1,8 +1,8 @@
 //! Mailboxes: small collectives in one shot among the ranks of one segment.
 //!
-//! Every local rank owns two slots in the segment. In its k-th mailbox op a
-//! rank writes what it contributes (nothing, for a rank that only receives)
-//! into slot `k % 2`, then stores `k` in the slot's `seq` word (Release);
+//! Every local rank owns `SLOTS` (4) slots in the segment. In its k-th
+//! mailbox op a rank writes what it contributes (nothing, for a rank that
+//! only receives) into slot `k % SLOTS`, then stores `k` in the slot's `seq` word (Release);
 //! the ranks that need it wait for that word (Acquire) and read the payload
 //! straight out of the slot. The 16-byte slot header shares its cache line
 //! with the first 48 payload bytes, so a small payload arrives with the flag
@@ -10,22 +10,26 @@
 //! tail to move, no acknowledgement on the critical path.
 //!
 //! ```text
-//!  rank r's mailbox:  [ seq | meta | payload ......... ]  slot 0  (even ops)
-//!                     [ seq | meta | payload ......... ]  slot 1  (odd ops)
+//!  rank r's mailbox:  [ seq | meta | payload ......... ]  slot 0  (ops 4, 8, ...)
+//!                     [ seq | meta | payload ......... ]  slot 1  (ops 1, 5, ...)
+//!                     ...                                 slots 2, 3
 //! ```
 //!
 //! `meta` holds the op's tag (collective, type, reduction, root) and count
 //! as the writer sees them; every reader compares it with its own, so ranks
 //! that call different collectives get [`Error::Mismatch`], not wrong data.
 //!
-//! **Reuse.** A rank may overwrite slot `k % 2` for op k only when every
-//! peer has finished op k-2, the slot's previous use. A peer that has
-//! *started* op k-1 (its header for k-1 is out) has finished k-2, so the
-//! writer checks each peer's header for k-1. It usually knows already: it
-//! read that header during op k-1 (`seen`). Only ranks that read nobody in
-//! k-1 (a broadcast root, say) look at the peers' lines, and those were
-//! written long ago. Two slots are thus enough for any sequence of ops,
-//! and a reader's slot is never overwritten while it reads.
+//! **Reuse.** A rank may overwrite slot `k % SLOTS` for op k only when
+//! every peer has finished op `k - SLOTS`, the slot's previous use. A peer
+//! that has *started* op `k - SLOTS + 1` (its header for it is out) has
+//! finished `k - SLOTS`, so the writer checks each peer's header for that
+//! op. It usually knows already: it read a later header of that peer
+//! (`seen`). Only ranks that read nobody for a while (a broadcast root, say)
+//! look at the peers' lines. A writer can thus run up to `SLOTS - 1` ops
+//! ahead of its readers (a root broadcasting in a loop does not wait for
+//! each reader), and a reader's slot is never overwritten while it reads.
+//! Headers a rank did not need are still checked against its own calls, as
+//! soon as it reads a later header of the same peer.
 //!
 //! **Waiting** follows the rings' rules: spin, then yield or sleep on the
 //! segment's futex doorbell, checking abort, the deadline and the peers'
@@ -41,6 +45,8 @@ use std::time::{Duration, Instant};
 /// Payload bytes of one mailbox slot: the largest contribution a rank can
 /// make to a mailbox op.
 pub(crate) const MBOX_BYTES: usize = 32 << 10;
+/// Slots per rank: how far a writer may run ahead of its readers, plus one.
+pub(crate) const SLOTS: usize = 4;
 /// Bytes of a slot's header (`seq`, `meta`).
 const SLOT_HDR: usize = 16;
 /// Bytes from one slot to the next: header and payload, rounded to 128 so
@@ -66,9 +72,9 @@ pub(crate) struct Mailbox {
     _seg: Arc<Segment>,
     /// Local index in the segment of every communicator rank.
     local: Vec<usize>,
-    /// Every rank's two slots (computed once: the hot path does no
-    /// address arithmetic).
-    slots: Vec<[*mut u8; 2]>,
+    /// Every rank's slots (computed once: the hot path does no address
+    /// arithmetic).
+    slots: Vec<[*mut u8; SLOTS]>,
     /// Every rank's doorbell.
     bells: Vec<*const shm::Doorbell>,
     /// This rank (communicator numbering).
@@ -77,8 +83,8 @@ pub(crate) struct Mailbox {
     seq: u64,
     /// Per rank, the last op whose header this rank has read and checked.
     seen: Vec<u64>,
-    /// The meta of this rank's last two ops (checked against late readers).
-    metas: [u64; 2],
+    /// The meta of this rank's last `SLOTS` ops (checked against late readers).
+    metas: [u64; SLOTS],
     /// Published since the peers were last told (see [`Mailbox::flush`]).
     unflushed: bool,
 }
@@ -133,7 +139,7 @@ impl Mailbox {
         }
         let slots = local
             .iter()
-            .map(|&i| [seg.mbox_slot(i, 0), seg.mbox_slot(i, 1)])
+            .map(|&i| std::array::from_fn(|k| seg.mbox_slot(i, k)))
             .collect();
         let bells = local
             .iter()
@@ -147,7 +153,7 @@ impl Mailbox {
             me,
             seq: 0,
             seen: vec![0; n],
-            metas: [0; 2],
+            metas: [0; SLOTS],
             unflushed: false,
         })
     }
@@ -156,7 +162,7 @@ impl Mailbox {
     fn hdr(&self, r: usize, s: u64) -> &SlotHdr {
         // SAFETY: a slot starts with a SlotHdr (two atomics, valid when
         // zeroed), 128-aligned inside the segment, which `seg` keeps mapped.
-        unsafe { &*(self.slots[r][(s & 1) as usize] as *const SlotHdr) }
+        unsafe { &*(self.slots[r][(s % SLOTS as u64) as usize] as *const SlotHdr) }
     }
 
     #[inline]
@@ -169,7 +175,7 @@ impl Mailbox {
     #[inline]
     pub(crate) fn payload(&self, r: usize, s: u64) -> *const u8 {
         // SAFETY: the payload follows the header inside the slot.
-        unsafe { self.slots[r][(s & 1) as usize].add(SLOT_HDR) }
+        unsafe { self.slots[r][(s % SLOTS as u64) as usize].add(SLOT_HDR) }
     }
 
     /// True if peer `q` has published op `s` (or a later one).
@@ -178,18 +184,25 @@ impl Mailbox {
         self.hdr(q, s).seq.load(Ordering::Acquire) >= s
     }
 
-    /// Checks peer `q`'s header for op `s` (published) against ours.
+    /// Checks peer `q`'s header for op `s` (published) against ours. A slot
+    /// that already holds a later op of `q` (it ran ahead of a rank that
+    /// only reads) has nothing left to check.
     #[inline]
     fn check_meta(&mut self, q: usize, s: u64, w: &Waiting<'_>) -> Result<()> {
-        let theirs = self.hdr(q, s).meta.load(Ordering::Relaxed);
-        let ours = self.metas[(s & 1) as usize];
-        if theirs != ours {
+        let h = self.hdr(q, s);
+        let theirs = h.meta.load(Ordering::Relaxed);
+        let ours = self.metas[(s % SLOTS as u64) as usize];
+        // The Acquire load of seq that found it published came first; this
+        // re-load after reading meta tells whether meta was overwritten since
+        // (the writer zeroes seq before it writes meta).
+        fence(Ordering::Acquire);
+        if theirs != ours && h.seq.load(Ordering::Relaxed) == s {
             let (tt, tc) = ((theirs >> 48) as u16, theirs & ((1 << 48) - 1));
             let (ot, oc) = ((ours >> 48) as u16, ours & ((1 << 48) - 1));
             let which = if s == self.seq {
-                "this call"
+                "this call".to_string()
             } else {
-                "the previous call"
+                format!("the call {} before this one", self.seq - s)
             };
             return Err(Error::Mismatch {
                 rank: self.me,
@@ -211,7 +224,7 @@ impl Mailbox {
     /// Starts the next op: returns its number.
     pub(crate) fn begin(&mut self, meta: u64) -> u64 {
         self.seq += 1;
-        self.metas[(self.seq & 1) as usize] = meta;
+        self.metas[(self.seq % SLOTS as u64) as usize] = meta;
         self.seq
     }
 
@@ -228,16 +241,21 @@ impl Mailbox {
         w: &mut Waiting<'_>,
     ) -> Result<()> {
         debug_assert!(len <= MBOX_BYTES);
-        if s > 1 {
+        let reused = SLOTS as u64 - 1;
+        if s > reused {
             for q in 0..self.local.len() {
-                if q != self.me && self.seen[q] < s - 1 {
-                    self.wait_for(q, s - 1, w)?;
+                if q != self.me && self.seen[q] < s - reused {
+                    self.wait_for(q, s - reused, w)?;
                 }
             }
         }
         let h = self.hdr(self.me, s);
+        // Seqlock-style: a reader that loaded the old seq and then meta
+        // sees, on re-loading seq, that the slot changed under it.
+        h.seq.store(0, Ordering::Relaxed);
+        fence(Ordering::Release);
         h.meta
-            .store(self.metas[(s & 1) as usize], Ordering::Relaxed);
+            .store(self.metas[(s % SLOTS as u64) as usize], Ordering::Relaxed);
         if len > 0 {
             // SAFETY: the slot holds MBOX_BYTES >= len payload bytes, and no
             // peer reads it (checked above); src is valid (caller).
@@ -272,10 +290,18 @@ impl Mailbox {
     #[inline]
     pub(crate) fn receive(&mut self, q: usize, s: u64, w: &mut Waiting<'_>) -> Result<*const u8> {
         if self.seen[q] < s {
+            let skipped = self.seen[q] + 1..s;
             if self.arrived(q, s) {
                 self.check_meta(q, s, w)?;
             } else {
                 self.wait_for(q, s, w)?;
+            }
+            // Headers of `q` this rank did not need (it published them
+            // before `s`, and they stay until `s + 1` at least).
+            for k in skipped.rev().take(SLOTS - 1) {
+                if self.arrived(q, k) {
+                    self.check_meta(q, k, w)?;
+                }
             }
         }
         Ok(self.payload(q, s))

@@ -9,7 +9,7 @@
 //!
 //! ```text
 //! [ SegHeader | Doorbell x L | RingCtl x L*L | ring data x L*L (cap bytes each)
-//!   | mailbox slots x L*2 ]
+//!   | mailbox slots x L*4 ]
 //! ```
 //!
 //! The mailboxes carry small collectives in one shot (see
@@ -120,7 +120,7 @@ impl Layout {
         let data =
             pad(ctls + locals * locals * std::mem::size_of::<RingCtl>()).div_ceil(4096) * 4096;
         let mbox = data + locals * locals * cap;
-        let total = mbox + locals * 2 * super::mailbox::SLOT_STRIDE;
+        let total = mbox + locals * super::mailbox::SLOTS * super::mailbox::SLOT_STRIDE;
         Layout {
             locals,
             cap,
@@ -258,15 +258,16 @@ impl Segment {
 }
 
 impl Segment {
-    /// Slot `k` (0 or 1) of local rank `i`'s mailbox: a slot header followed
-    /// by `mailbox::MBOX_BYTES` of payload, 128-byte aligned.
+    /// Slot `k` (< `mailbox::SLOTS`) of local rank `i`'s mailbox: a slot
+    /// header followed by `mailbox::MBOX_BYTES` of payload, 128-byte aligned.
     pub(crate) fn mbox_slot(&self, i: usize, k: usize) -> *mut u8 {
-        assert!(i < self.layout.locals && k < 2);
+        use super::mailbox::SLOTS;
+        assert!(i < self.layout.locals && k < SLOTS);
         // SAFETY: the mailboxes lie at `mbox`, two SLOT_STRIDE slots per
         // local rank, all inside the mapping of `total` bytes.
         unsafe {
             self.base
-                .add(self.layout.mbox + (2 * i + k) * super::mailbox::SLOT_STRIDE)
+                .add(self.layout.mbox + (SLOTS * i + k) * super::mailbox::SLOT_STRIDE)
         }
     }
 
