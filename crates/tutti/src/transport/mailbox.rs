@@ -359,23 +359,27 @@ impl Mailbox {
         }
     }
 
-    /// While waiting for `q`: fails if it died, aborted, or sent a ring
+    /// While waiting for `q`: fails if any peer died or aborted (every
+    /// rank takes part in a mailbox call, so the call cannot complete; as
+    /// on the rings, the survivors get `PeerLost`), or if `q` sent a ring
     /// message of this very collective (it runs the op another way, so the
     /// ranks disagree on the call).
     fn check_peer(&self, q: usize, w: &Waiting<'_>) -> Result<()> {
-        let lost = |msg: String| Error::PeerLost {
-            rank: self.me,
-            peer: q,
-            op: w.op_name.to_string(),
-            seq: w.op_seq,
-            msg,
-        };
-        if self.bell(q).aborted.load(Ordering::Relaxed) != 0 {
-            return Err(lost(format!("rank {q} failed or was aborted")));
-        }
-        if let Some(Some(pid)) = w.peer_pids.get(q) {
-            if !sys::process_alive(*pid) {
-                return Err(lost(format!("process {pid} is gone")));
+        for p in (0..self.local.len()).filter(|&p| p != self.me) {
+            let lost = |msg: String| Error::PeerLost {
+                rank: self.me,
+                peer: p,
+                op: w.op_name.to_string(),
+                seq: w.op_seq,
+                msg,
+            };
+            if self.bell(p).aborted.load(Ordering::Relaxed) != 0 {
+                return Err(lost(format!("rank {p} failed or was aborted")));
+            }
+            if let Some(Some(pid)) = w.peer_pids.get(p) {
+                if !sys::process_alive(*pid) {
+                    return Err(lost(format!("process {pid} is gone")));
+                }
             }
         }
         if let Some(Some(Link::Ring(l, _))) = w.links.get(q) {
@@ -398,11 +402,25 @@ impl Mailbox {
         Ok(())
     }
 
-    /// At the start of a mailbox op: fails if a peer's ring holds an unread
+    /// At the start of a mailbox op: fails if a peer has failed, or if a
+    /// peer's ring holds an unread
     /// message of an earlier collective, which this rank skipped (the ranks
     /// disagreed on a call, e.g. on a broadcast's root). Costs a load of
     /// each peer's ring head, a line the peer writes only when it sends.
     pub(crate) fn check_stale(&self, w: &Waiting<'_>) -> Result<()> {
+        // A peer that failed may have published this call's data already:
+        // fail now, as the rings would, rather than finish with it.
+        for p in (0..self.local.len()).filter(|&p| p != self.me) {
+            if self.bell(p).aborted.load(Ordering::Relaxed) != 0 {
+                return Err(Error::PeerLost {
+                    rank: self.me,
+                    peer: p,
+                    op: w.op_name.to_string(),
+                    seq: w.op_seq,
+                    msg: format!("rank {p} failed or was aborted"),
+                });
+            }
+        }
         for (q, l) in w.links.iter().enumerate() {
             let Some(Link::Ring(l, _)) = l else { continue };
             if l.inbound_empty() {
