@@ -1,6 +1,6 @@
 //! Mailboxes: small collectives in one shot among the ranks of one segment.
 //!
-//! Every local rank owns `SLOTS` (4) slots in the segment. In its k-th
+//! Every local rank owns `SLOTS` (8) slots in the segment. In its k-th
 //! mailbox op a rank writes what it contributes (nothing, for a rank that
 //! only receives) into slot `k % SLOTS`, then stores `k` in the slot's `seq` word (Release);
 //! the ranks that need it wait for that word (Acquire) and read the payload
@@ -10,9 +10,9 @@
 //! tail to move, no acknowledgement on the critical path.
 //!
 //! ```text
-//!  rank r's mailbox:  [ seq | meta | payload ......... ]  slot 0  (ops 4, 8, ...)
-//!                     [ seq | meta | payload ......... ]  slot 1  (ops 1, 5, ...)
-//!                     ...                                 slots 2, 3
+//!  rank r's mailbox:  [ seq | meta | payload ......... ]  slot 0  (ops 8, 16, ...)
+//!                     [ seq | meta | payload ......... ]  slot 1  (ops 1, 9, ...)
+//!                     ...                                 slots 2 to 7
 //! ```
 //!
 //! `meta` holds the op's tag (collective, type, reduction, root) and count
@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 /// make to a mailbox op.
 pub(crate) const MBOX_BYTES: usize = 32 << 10;
 /// Slots per rank: how far a writer may run ahead of its readers, plus one.
-pub(crate) const SLOTS: usize = 4;
+pub(crate) const SLOTS: usize = 8;
 /// Bytes of a slot's header (`seq`, `meta`).
 const SLOT_HDR: usize = 16;
 /// Bytes from one slot to the next: header and payload, rounded to 128 so
@@ -245,7 +245,13 @@ impl Mailbox {
         if s > reused {
             for q in 0..self.local.len() {
                 if q != self.me && self.seen[q] < s - reused {
-                    self.wait_for(q, s - reused, w)?;
+                    // Look at the peer's newest possible call first: if it
+                    // has started it, no look is needed for SLOTS - 2 calls.
+                    if s > 1 && self.arrived(q, s - 1) {
+                        self.check_meta(q, s - 1, w)?;
+                    } else {
+                        self.wait_for(q, s - reused, w)?;
+                    }
                 }
             }
         }
