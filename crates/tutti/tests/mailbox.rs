@@ -1,0 +1,163 @@
+//! The one-shot mailboxes (the direct algorithm on one host) under a long,
+//! random sequence of mixed collectives: every call type, changing roots and
+//! counts, in-place and not, so that slots are reused across calls of every
+//! shape while some ranks run ahead of others (a root does not wait for its
+//! readers). `TUTTI_ALGO=direct` forces the direct algorithm, which runs
+//! through the mailboxes wherever a call fits a slot (all calls here do).
+//! Every result is checked against a formula (small integers, so sums are
+//! exact). Threads (`local`) and processes (`shm`), and the same calls over
+//! the rings with mailboxes off.
+
+mod common;
+
+use common::{Ctx, Transport};
+use tutti::tune::AlgoOverride;
+use tutti::{Communicator, Config, ReduceOp};
+
+const CALLS: usize = 3000;
+
+/// Rank r's value at element i of call k: small integers, exact in f32.
+fn val(r: usize, i: usize, k: usize) -> f32 {
+    ((r * 7 + i * 3 + k) % 13) as f32
+}
+
+/// Runs the same pseudo-random sequence of calls on every rank.
+fn random_calls(c: &Communicator) {
+    let (n, r) = (c.size(), c.rank());
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for k in 0..CALLS {
+        let kind = next() % 9;
+        let root = (next() % n as u64) as usize;
+        // Up to 32 KiB / 4 / n elements per block, so every call fits a slot.
+        let count = (next() % (8192 / n as u64 + 1)) as usize;
+        let mine: Vec<f32> = (0..count).map(|i| val(r, i, k)).collect();
+        let sum = |i: usize, blk: usize| -> f32 {
+            (0..n).map(|q| val(q, blk * count + i, k)).sum::<f32>()
+        };
+        match kind {
+            0 => {
+                let mut x = mine.clone();
+                c.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+                for (i, v) in x.iter().enumerate() {
+                    assert_eq!(*v, sum(i, 0), "call {k} all_reduce rank {r} i {i}");
+                }
+            }
+            1 => {
+                let mut x = if r == root {
+                    mine.clone()
+                } else {
+                    vec![-1.0; count]
+                };
+                c.broadcast(&mut x, root).unwrap();
+                for (i, v) in x.iter().enumerate() {
+                    assert_eq!(*v, val(root, i, k), "call {k} broadcast rank {r}");
+                }
+            }
+            2 => {
+                let mut out = vec![-1.0; if r == root { count } else { 0 }];
+                c.reduce(&mine, &mut out, ReduceOp::Sum, root).unwrap();
+                for (i, v) in out.iter().enumerate() {
+                    assert_eq!(*v, sum(i, 0), "call {k} reduce rank {r}");
+                }
+            }
+            3 => {
+                let mut out = vec![-1.0; n * count];
+                c.all_gather(&mine, &mut out).unwrap();
+                for q in 0..n {
+                    for i in 0..count {
+                        assert_eq!(out[q * count + i], val(q, i, k), "call {k} all_gather");
+                    }
+                }
+            }
+            4 => {
+                let input: Vec<f32> = (0..n * count).map(|i| val(r, i, k)).collect();
+                let mut out = vec![-1.0; count];
+                c.reduce_scatter(&input, &mut out, ReduceOp::Sum).unwrap();
+                for (i, v) in out.iter().enumerate() {
+                    assert_eq!(*v, sum(i, r), "call {k} reduce_scatter rank {r}");
+                }
+            }
+            5 => {
+                let input: Vec<f32> = (0..n * count).map(|i| val(r, i, k)).collect();
+                let mut out = vec![-1.0; n * count];
+                c.all_to_all(&input, &mut out).unwrap();
+                for q in 0..n {
+                    for i in 0..count {
+                        assert_eq!(out[q * count + i], val(q, r * count + i, k), "call {k} a2a");
+                    }
+                }
+            }
+            6 => {
+                let mut out = vec![-1.0; if r == root { n * count } else { 0 }];
+                c.gather(&mine, &mut out, root).unwrap();
+                if r == root {
+                    for q in 0..n {
+                        for i in 0..count {
+                            assert_eq!(out[q * count + i], val(q, i, k), "call {k} gather");
+                        }
+                    }
+                }
+            }
+            7 => {
+                let input: Vec<f32> = if r == root {
+                    (0..n * count).map(|i| val(root, i, k)).collect()
+                } else {
+                    Vec::new()
+                };
+                let mut out = vec![-1.0; count];
+                c.scatter(&input, &mut out, root).unwrap();
+                for (i, v) in out.iter().enumerate() {
+                    assert_eq!(*v, val(root, r * count + i, k), "call {k} scatter");
+                }
+            }
+            _ => c.barrier().unwrap(),
+        }
+    }
+}
+
+#[test]
+fn random_sequence_threads() {
+    for n in [2, 3, 5] {
+        let config = Config {
+            algo: AlgoOverride::parse("direct").unwrap(),
+            // A failed check on one thread leaves the others waiting.
+            timeout: std::time::Duration::from_secs(20),
+            ..Config::default()
+        };
+        let comms = Communicator::init_all_with(n, config).unwrap();
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || random_calls(c));
+            }
+        });
+    }
+}
+
+#[test]
+fn random_sequence_shm_3() {
+    common::procs(
+        "random_sequence_shm_3",
+        3,
+        Transport::Shm,
+        &[("TUTTI_ALGO", "direct")],
+        |c, _: &Ctx| random_calls(c),
+    );
+}
+
+#[test]
+fn random_sequence_shm_4_rings_only() {
+    // The same calls with mailboxes off: direct over the rings.
+    common::procs(
+        "random_sequence_shm_4_rings_only",
+        4,
+        Transport::Shm,
+        &[("TUTTI_ALGO", "direct"), ("TUTTI_SHM_MAILBOX", "0")],
+        |c, _: &Ctx| random_calls(c),
+    );
+}
