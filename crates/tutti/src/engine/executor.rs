@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::reduce;
 use crate::transport::mailbox::Mailbox;
 use crate::transport::shm::{self, Doorbell};
-use crate::transport::{sys, Link, RecvMsg, SendMsg, StepCx};
+use crate::transport::{sys, Backoff, Link, RecvMsg, SendMsg, StepCx};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -155,11 +155,7 @@ fn run(
     let k = sched.steps.len();
     let mut remaining = k;
     let mut first_unstarted = 0usize;
-    let mut idle = 0u32;
-    // The clock is read only once an op has waited a while: a small op that
-    // completes within a few hundred polls never pays for it.
-    let mut idle_since: Option<Instant> = None;
-    let (spin_for, yield_while_polling) = env.spin;
+    let mut backoff = Backoff::new(env.spin);
     let mut last_liveness: Option<Instant> = None;
     let has_tcp = pad
         .peers
@@ -184,28 +180,10 @@ fn run(
             return Ok(());
         }
         if moved {
-            idle = 0;
-            idle_since = None;
+            backoff.reset();
             continue;
         }
-        // Poll for a while (spinning, or yielding the core when ranks
-        // outnumber cores), then sleep.
-        idle += 1;
-        if idle < 256 || !idle.is_multiple_of(64) {
-            if yield_while_polling && idle > 8 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-            continue;
-        }
-        let since = *idle_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < spin_for {
-            if yield_while_polling && idle > 8 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+        if backoff.keep_polling() {
             continue;
         }
         // Nothing moves: check the world, then sleep a bounded while.
@@ -253,7 +231,7 @@ fn run(
                 return Ok(());
             }
             if found {
-                idle = 0;
+                backoff.rearm();
             }
         }
     }

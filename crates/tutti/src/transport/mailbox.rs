@@ -315,28 +315,17 @@ impl Mailbox {
 
     /// Waits until `q` has published op `s`, then checks its header.
     fn wait_for(&mut self, q: usize, s: u64, w: &mut Waiting<'_>) -> Result<()> {
-        let (spin_for, yield_while_polling) = w.spin;
-        let mut idle = 0u32;
-        let mut idle_since: Option<Instant> = None;
+        let mut backoff = super::Backoff::new(w.spin);
         let mut last_check: Option<Instant> = None;
         loop {
             if self.arrived(q, s) {
                 return self.check_meta(q, s, w);
             }
-            idle += 1;
-            if idle == 64 {
+            if backoff.rounds() == 63 {
                 // The peer may be asleep waiting for us.
                 self.flush();
             }
-            let polling = idle < 256
-                || !idle.is_multiple_of(64)
-                || idle_since.get_or_insert_with(Instant::now).elapsed() < spin_for;
-            if polling {
-                if yield_while_polling && idle > 8 {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
+            if backoff.keep_polling() {
                 continue;
             }
             if w.abort.load(Ordering::Relaxed) {

@@ -76,6 +76,73 @@ impl std::fmt::Display for TransportKind {
     }
 }
 
+/// The polling policy of every waiting loop (executor, mailboxes, TCP I/O
+/// thread): poll, spinning (or yielding the core when ranks outnumber
+/// cores) for the first rounds and then for `spin_for`, reading the clock
+/// only every 64 rounds after the first 256, so that a wait that ends
+/// quickly never pays for it; then the caller checks the world (abort,
+/// deadline, liveness) and sleeps a bounded while.
+pub(crate) struct Backoff {
+    idle: u32,
+    since: Option<std::time::Instant>,
+    spin_for: std::time::Duration,
+    yield_while_polling: bool,
+}
+
+impl Backoff {
+    /// A fresh policy: `spin` is (how long to poll, whether to yield).
+    pub(crate) fn new(spin: (std::time::Duration, bool)) -> Self {
+        Backoff {
+            idle: 0,
+            since: None,
+            spin_for: spin.0,
+            yield_while_polling: spin.1,
+        }
+    }
+
+    /// Something moved: poll afresh.
+    #[inline]
+    pub(crate) fn reset(&mut self) {
+        self.idle = 0;
+        self.since = None;
+    }
+
+    /// Woken from a sleep with work to do: poll a few rounds again, but
+    /// sleep again at once if they find nothing (the spin time is spent).
+    #[inline]
+    pub(crate) fn rearm(&mut self) {
+        self.idle = 0;
+    }
+
+    /// Idle rounds since the last reset.
+    #[inline]
+    pub(crate) fn rounds(&self) -> u32 {
+        self.idle
+    }
+
+    /// One idle round. While polling goes on it spins or yields and returns
+    /// true; false means: check the world and sleep.
+    #[inline]
+    pub(crate) fn keep_polling(&mut self) -> bool {
+        self.idle += 1;
+        let polling = self.idle < 256
+            || !self.idle.is_multiple_of(64)
+            || self
+                .since
+                .get_or_insert_with(std::time::Instant::now)
+                .elapsed()
+                < self.spin_for;
+        if polling {
+            if self.yield_while_polling && self.idle > 8 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        polling
+    }
+}
+
 /// A connection to one peer.
 pub(crate) enum Link {
     /// Shared-memory rings (shm or local).

@@ -590,9 +590,7 @@ impl Sink for Staging<'_> {
 
 fn io_thread(sh: &Shared, mut sides: Vec<Side>) {
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(1 + 2 * sides.len() * 8);
-    let mut idle = 0u32;
-    let mut idle_since: Option<Instant> = None;
-    let (spin_for, yield_while_polling) = sh.spin;
+    let mut backoff = super::Backoff::new(sh.spin);
     loop {
         let kick = sh.kick.load(Ordering::SeqCst);
         if sh.stop.load(Ordering::Acquire) {
@@ -604,26 +602,13 @@ fn io_thread(sh: &Shared, mut sides: Vec<Side>) {
         }
         if moved {
             shm::notify(sh.bell.get());
-            idle = 0;
-            idle_since = None;
+            backoff.reset();
             continue;
         }
-        idle += 1;
-        if idle < 256 || !idle.is_multiple_of(64) {
-            if yield_while_polling && idle > 8 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+        if backoff.keep_polling() {
             continue;
         }
         let now = Instant::now();
-        if now.duration_since(*idle_since.get_or_insert(now)) < spin_for {
-            if yield_while_polling {
-                std::thread::yield_now();
-            }
-            continue;
-        }
         for s in sides.iter_mut() {
             s.maybe_probe(now);
         }
@@ -655,8 +640,7 @@ fn io_thread(sh: &Shared, mut sides: Vec<Side>) {
             unsafe { libc::read(sh.wake.as_raw_fd(), b.as_mut_ptr() as *mut libc::c_void, 8) };
         }
         // Look again at once: the sleep may have ended for any reason.
-        idle = 0;
-        idle_since = None;
+        backoff.reset();
     }
 }
 
