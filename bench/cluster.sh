@@ -20,6 +20,8 @@
 #            algorithm's time over the ring's ("x ring") — with ranks numbered host by host, the
 #            flat ring is the host-ordered one.
 #   --out    where the CSV files and the log go (default /tmp/tutti-bench/cluster.<time>)
+#   --env K=V  one more environment variable for every rank (repeatable), e.g.
+#            --env TUTTI_TCP_IO_THREAD=1
 # Needs root. Takes the cluster down when it ends, also on failure or Ctrl-C.
 #
 # Output: one row per collective, ranks and size with time, algbw, busbw (nccl-tests: algbw x
@@ -38,6 +40,7 @@ COLLS=all_reduce,broadcast,reduce,all_gather,reduce_scatter,all_to_all,gather,sc
 PREFIX=tbench OUTDIR="" ALGOS=auto
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 die() { echo "bench/cluster.sh: $*" >&2; exit 1; }
+XENV=()
 while [ $# -gt 0 ]; do
   case $1 in
     --link) LINK=${2:?}; shift ;;
@@ -52,6 +55,7 @@ while [ $# -gt 0 ]; do
     --prefix) PREFIX=${2:?}; shift ;;
     --algos) ALGOS=${2:?}; shift ;;
     --out) OUTDIR=${2:?}; shift ;;
+    --env) XENV+=(--env "${2:?}"); shift ;;
     -h | --help) usage; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
@@ -131,8 +135,8 @@ ALL=$OUTDIR/results.csv
 echo "tool,hosts,rph,algo,coll,nranks,size_bytes,in_place,time_us,algbw_GBps,busbw_GBps,linkbw_GBps,link_frac,wrong" > "$ALL"
 for K in $RPH; do
  for A in ${ALGOS//,/ }; do
-  AENV=()
-  [ "$A" = auto ] || AENV=(--env "TUTTI_ALGO=$A")
+  AENV=("${XENV[@]}")
+  [ "$A" = auto ] || AENV+=(--env "TUTTI_ALGO=$A")
   tag=${HOSTS}x$K.$A
   csv=$OUTDIR/tutti.$tag.csv
   echo "# $HOSTS hosts x $K ranks, TUTTI_ALGO=$A: ${PROG[*]}"
