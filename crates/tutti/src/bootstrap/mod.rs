@@ -690,15 +690,17 @@ fn bind_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpListene
 }
 
 /// How many sockets, and what frame size, a TCP pair dialled by this rank
-/// gets: `TUTTI_TCP_SOCKETS`, or automatically 2 while this rank has at
-/// most 32 TCP peers (so at most 64 sockets), else 1. Measured (see
-/// docs/performance.md): on loopback 2 sockets carry 1-4 MiB AllReduce
-/// 1.5-1.8x faster than one and large ones alike; on a rate-limited link
-/// they stay within a few percent of one; 4 were no better on loopback and
-/// lost up to 15% on the limited link. Messages of one frame (256 KiB and
-/// less) use one socket whatever the count.
+/// gets: `TUTTI_TCP_SOCKETS`, or automatically 2 when this rank has a
+/// single TCP peer, else 1: a rank with several TCP peers already has a
+/// flow per peer, and more flows through one shared link only contend in
+/// its queue. Measured (see docs/performance.md): on loopback 2 sockets
+/// carry 1-4 MiB AllReduce 1.5-1.8x faster than one; on the 1 Gbit/s
+/// namespace cluster with 2 and 4 ranks per host, AllToAll reached 82% and
+/// 74% of the link with 4 sockets per pair, 93-95% and 88-92% with 2, and
+/// 97% and 92-98% with 1. Messages of one frame (256 KiB and less) use one
+/// socket whatever the count.
 fn tcp_framing(cfg: &Config, tcp_peers: usize) -> Framing {
-    let auto = if tcp_peers <= 32 { 2 } else { 1 };
+    let auto = if tcp_peers == 1 { 2 } else { 1 };
     Framing {
         lanes: cfg.tcp_sockets.unwrap_or(auto).clamp(1, MAX_LANES),
         chunk: cfg.tcp_chunk,
