@@ -238,7 +238,7 @@ impl Config {
     /// How waiting ops poll when `ranks_here` ranks share this host's cores:
     /// (how long before sleeping, whether to yield the core while polling).
     pub(crate) fn spin_for(&self, ranks_here: usize) -> (Duration, bool) {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = crate::transport::sys::online_cpus();
         let over = ranks_here > cores;
         let d = self.spin.unwrap_or(if over {
             Duration::from_micros(50)

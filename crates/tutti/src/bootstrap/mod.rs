@@ -654,7 +654,7 @@ pub(crate) fn connect(
 /// the I/O thread then each have one).
 fn use_io_thread(cfg: &Config, ranks_on_machine: usize) -> bool {
     cfg.tcp_io_thread.unwrap_or_else(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = sys::online_cpus();
         cores >= 2 * ranks_on_machine.max(1)
     })
 }
