@@ -125,6 +125,9 @@ pub struct TuneCtx {
     /// The direct algorithm runs small calls through one-shot mailboxes
     /// (every rank on one host, over shared memory or as threads).
     pub mailbox: bool,
+    /// Some host runs more ranks than this machine has cores: a hand-off
+    /// between ranks is then priced at no less than `mailbox_us`.
+    pub oversubscribed: bool,
 }
 
 impl TuneCtx {
@@ -148,6 +151,7 @@ impl TuneCtx {
             tcp_only: false,
             deterministic: false,
             mailbox: n > 1,
+            oversubscribed: false,
         }
     }
 
@@ -190,12 +194,21 @@ fn price(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> Option<f64>
         }
     }
     let class = |a: usize, b: usize| ctx.class(a, b);
+    let mut model = ctx.model;
+    if ctx.oversubscribed {
+        // A hand-off between ranks that share cores waits for the peer to
+        // be scheduled. The ping-pong that measured `alpha` ran while the
+        // other ranks idled; the mailbox op was measured with every rank
+        // at work, so it is the better price of a hand-off here.
+        model.shm.alpha_us = model.shm.alpha_us.max(model.mailbox_us);
+        model.local.alpha_us = model.local.alpha_us.max(model.mailbox_us);
+    }
     if p.nranks <= SIMULATE_ALL_UP_TO {
-        cost::predict(&ctx.model, p, alg, elem, &class)
+        cost::predict(&model, p, alg, elem, &class)
     } else {
         let mut q = p.clone();
         q.rank = 0;
-        cost::predict_one(&ctx.model, &q, alg, elem, &class)
+        cost::predict_one(&model, &q, alg, elem, &class)
     }
 }
 
@@ -426,6 +439,7 @@ mod tests {
             tcp_only: false,
             deterministic: false,
             mailbox: false,
+            oversubscribed: false,
         };
         for count in [16usize, 1 << 20] {
             let mut p = Problem::new(Collective::AllReduce, 8, 0, count);
@@ -486,6 +500,7 @@ mod tests {
                 tcp_only: false,
                 deterministic: false,
                 mailbox: false,
+                oversubscribed: false,
             };
             let mut p = Problem::new(Collective::AllReduce, hosts * l, 0, 4 << 20);
             p.hosts = ctx.hosts();
