@@ -22,6 +22,13 @@ pub fn tcp_receive(bytes: &[u8], expect_len: usize, reduce: bool) -> Result<()> 
     let _ = tx.write_all(bytes);
     drop(tx);
     let mut link = TcpLink::new(vec![rx], 1, crate::transport::tcp::DEFAULT_CHUNK)?;
+    receive_one(&mut link, expect_len, reduce).map(|_| ())
+}
+
+/// Receives one message of `expect_len` bytes (rounded down to whole f32)
+/// on `link`, reducing into zeros if `reduce`; gives up after 5 s without
+/// completion.
+fn receive_one(link: &mut TcpLink, expect_len: usize, reduce: bool) -> Result<Vec<u8>> {
     let expect_len = expect_len - expect_len % 4;
     let mut dst = vec![0u8; expect_len];
     let src = vec![0u8; expect_len];
@@ -34,7 +41,7 @@ pub fn tcp_receive(bytes: &[u8], expect_len: usize, reduce: bool) -> Result<()> 
             return Err(crate::Error::arg("fuzz harness: no progress"));
         }
     }
-    Ok(())
+    Ok(dst)
 }
 
 /// Frame size of the multi-lane harness ([`tcp_receive_lanes`]).
@@ -62,28 +69,12 @@ pub fn tcp_receive_lanes(lanes: &[Vec<u8>], expect_len: usize, reduce: bool) -> 
         }));
     }
     let mut link = TcpLink::new(rx, 1, LANES_CHUNK)?;
-    let expect_len = expect_len - expect_len % 4;
-    let mut dst = vec![0u8; expect_len];
-    let src = vec![0u8; expect_len];
-    let mut cx = fuzz_cx();
-    let mut m = RecvMsg::new(dst.as_mut_ptr(), reduce.then_some(src.as_ptr()), expect_len);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let mut r = Ok(());
-    while !m.done {
-        if let Err(e) = link.recv(&mut m, &mut cx) {
-            r = Err(e);
-            break;
-        }
-        if std::time::Instant::now() > deadline {
-            r = Err(crate::Error::arg("fuzz harness: no progress"));
-            break;
-        }
-    }
+    let r = receive_one(&mut link, expect_len, reduce);
     drop(link);
     for w in writers {
         let _ = w.join();
     }
-    r.map(|()| dst)
+    r
 }
 
 /// The 24-byte frame header of a multi-lane link: [`valid_header`]`(len)`
