@@ -414,8 +414,9 @@ fn check_liveness(env: &Env<'_>, pad: &Scratchpad) -> Result<()> {
                     peer: q,
                     seq: env.cx.seq,
                     msg: format!(
-                        "this rank runs {} over the rings, rank {q} runs a small collective in one shot; every rank must call the same collectives in the same order with the same count, type, op and root",
-                        env.cx.op_name
+                        "this rank runs {} over the rings, rank {q} runs a small collective in one shot; {}",
+                        env.cx.op_name,
+                        crate::transport::SAME_CALLS
                     ),
                 });
             }

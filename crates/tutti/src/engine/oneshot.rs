@@ -61,8 +61,6 @@ impl Core {
             op_seq: seq,
             coll_seq,
             deadline: None,
-            nranks: self.nranks,
-            rank: self.rank,
         };
         let mb = self.mailbox.as_mut().expect("caller checked");
         let r = mb
@@ -80,12 +78,12 @@ impl Core {
         tag: u16,
         w: &mut Waiting<'_>,
     ) -> Result<()> {
-        let (n, me) = (w.nranks, w.rank);
+        let (n, me) = mb.ranks();
         let b = c.count * c.dtype.size();
         let s = mb.begin(mailbox::meta(tag, c.count));
         let (dt, op) = (c.dtype, c.op.step_op());
         let (input, output) = (c.input as *const u8, c.output);
-        // SAFETY (for the block below): the comm layer checked every buffer
+        // SAFETY: (for the whole block below) the comm layer checked every buffer
         // length against the collective (input n*b for the all-to-all
         // shapes, b otherwise; output likewise), so each offset below stays
         // in its buffer; slots hold MBOX_BYTES >= the contribution

@@ -61,6 +61,12 @@ struct SlotHdr {
     meta: AtomicU64,
 }
 
+/// The slot (and `metas` entry) of op `s`.
+#[inline]
+fn slot_of(s: u64) -> usize {
+    (s % SLOTS as u64) as usize
+}
+
 /// What identifies an op in a slot header: tag and element count.
 pub(crate) fn meta(tag: u16, count: usize) -> u64 {
     (tag as u64) << 48 | (count as u64 & ((1 << 48) - 1))
@@ -70,8 +76,6 @@ pub(crate) fn meta(tag: u16, count: usize) -> u64 {
 pub(crate) struct Mailbox {
     /// Keeps the segment, and so every pointer below, mapped.
     _seg: Arc<Segment>,
-    /// Local index in the segment of every communicator rank.
-    local: Vec<usize>,
     /// Every rank's slots (computed once: the hot path does no address
     /// arithmetic).
     slots: Vec<[*mut u8; SLOTS]>,
@@ -103,9 +107,6 @@ pub(crate) struct Waiting<'a> {
     /// The collective number ring messages of this op would carry.
     pub coll_seq: u32,
     pub deadline: Option<Instant>,
-    /// Communicator size and this rank.
-    pub nranks: usize,
-    pub rank: usize,
 }
 
 // SAFETY: the raw pointers point into the segment, which the Arc keeps
@@ -147,7 +148,6 @@ impl Mailbox {
             .collect();
         Some(Mailbox {
             _seg: seg.clone(),
-            local,
             slots,
             bells,
             me,
@@ -162,7 +162,7 @@ impl Mailbox {
     fn hdr(&self, r: usize, s: u64) -> &SlotHdr {
         // SAFETY: a slot starts with a SlotHdr (two atomics, valid when
         // zeroed), 128-aligned inside the segment, which `seg` keeps mapped.
-        unsafe { &*(self.slots[r][(s % SLOTS as u64) as usize] as *const SlotHdr) }
+        unsafe { &*(self.slots[r][slot_of(s)] as *const SlotHdr) }
     }
 
     #[inline]
@@ -175,7 +175,7 @@ impl Mailbox {
     #[inline]
     pub(crate) fn payload(&self, r: usize, s: u64) -> *const u8 {
         // SAFETY: the payload follows the header inside the slot.
-        unsafe { self.slots[r][(s % SLOTS as u64) as usize].add(SLOT_HDR) }
+        unsafe { self.slots[r][slot_of(s)].add(SLOT_HDR) }
     }
 
     /// True if peer `q` has published op `s` (or a later one).
@@ -191,7 +191,7 @@ impl Mailbox {
     fn check_meta(&mut self, q: usize, s: u64, w: &Waiting<'_>) -> Result<()> {
         let h = self.hdr(q, s);
         let theirs = h.meta.load(Ordering::Relaxed);
-        let ours = self.metas[(s % SLOTS as u64) as usize];
+        let ours = self.metas[slot_of(s)];
         // The Acquire load of seq that found it published came first; this
         // re-load after reading meta tells whether meta was overwritten since
         // (the writer zeroes seq before it writes meta).
@@ -209,11 +209,12 @@ impl Mailbox {
                 peer: q,
                 seq: w.op_seq,
                 msg: format!(
-                    "in {which}, this rank runs {} with {oc} elements ({}), rank {q} runs {} with {tc} elements ({}); every rank must call the same collectives in the same order with the same count, type, op and root",
+                    "in {which}, this rank runs {} with {oc} elements ({}), rank {q} runs {} with {tc} elements ({}); {}",
                     super::tag_name(ot),
                     super::describe_tag(ot),
                     super::tag_name(tt),
                     super::describe_tag(tt),
+                    super::SAME_CALLS,
                 ),
             });
         }
@@ -221,10 +222,15 @@ impl Mailbox {
         Ok(())
     }
 
+    /// The communicator's size and this rank.
+    pub(crate) fn ranks(&self) -> (usize, usize) {
+        (self.slots.len(), self.me)
+    }
+
     /// Starts the next op: returns its number.
     pub(crate) fn begin(&mut self, meta: u64) -> u64 {
         self.seq += 1;
-        self.metas[(self.seq % SLOTS as u64) as usize] = meta;
+        self.metas[slot_of(self.seq)] = meta;
         self.seq
     }
 
@@ -243,7 +249,7 @@ impl Mailbox {
         debug_assert!(len <= MBOX_BYTES);
         let reused = SLOTS as u64 - 1;
         if s > reused {
-            for q in 0..self.local.len() {
+            for q in 0..self.slots.len() {
                 if q != self.me && self.seen[q] < s - reused {
                     // Look at the peer's newest possible call first: if it
                     // has started it, no look is needed for SLOTS - 2 calls.
@@ -260,8 +266,7 @@ impl Mailbox {
         // sees, on re-loading seq, that the slot changed under it.
         h.seq.store(0, Ordering::Relaxed);
         fence(Ordering::Release);
-        h.meta
-            .store(self.metas[(s % SLOTS as u64) as usize], Ordering::Relaxed);
+        h.meta.store(self.metas[slot_of(s)], Ordering::Relaxed);
         if len > 0 {
             // SAFETY: the slot holds MBOX_BYTES >= len payload bytes, and no
             // peer reads it (checked above); src is valid (caller).
@@ -284,7 +289,7 @@ impl Mailbox {
         // Pairs with the sleeper's SeqCst announcement in `shm::sleep_on`:
         // either it sees our seq, or we see it asleep.
         fence(Ordering::SeqCst);
-        for q in 0..self.local.len() {
+        for q in 0..self.slots.len() {
             if q != self.me {
                 shm::notify_fenced(self.bell(q));
             }
@@ -302,8 +307,8 @@ impl Mailbox {
             } else {
                 self.wait_for(q, s, w)?;
             }
-            // Headers of `q` this rank did not need (it published them
-            // before `s`, and they stay until `s + 1` at least).
+            // Headers of `q` this rank did not need, those still in their
+            // slots (`check_meta` skips any already reused).
             for k in skipped.rev().take(SLOTS - 1) {
                 if self.arrived(q, k) {
                     self.check_meta(q, k, w)?;
@@ -334,7 +339,7 @@ impl Mailbox {
             let now = Instant::now();
             let deadline = *w.deadline.get_or_insert(now + w.timeout);
             if now >= deadline {
-                let waiting_for = (0..self.local.len())
+                let waiting_for = (0..self.slots.len())
                     .filter(|&p| p != self.me && !self.arrived(p, s))
                     .collect();
                 return Err(Error::Timeout {
@@ -360,7 +365,32 @@ impl Mailbox {
     /// message of this very collective (it runs the op another way, so the
     /// ranks disagree on the call).
     fn check_peer(&self, q: usize, w: &Waiting<'_>) -> Result<()> {
-        for p in (0..self.local.len()).filter(|&p| p != self.me) {
+        self.check_failed(w, true)?;
+        if let Some(Some(Link::Ring(l, _))) = w.links.get(q) {
+            if let Some(h) = l.peek_header() {
+                if h.seq == w.coll_seq {
+                    return Err(Error::Mismatch {
+                        rank: self.me,
+                        peer: q,
+                        seq: w.op_seq,
+                        msg: format!(
+                            "this rank runs {} in one shot, rank {q} sent it a message of {} ({}); {}",
+                            w.op_name,
+                            super::tag_name(h.tag),
+                            super::describe_tag(h.tag),
+                            super::SAME_CALLS,
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails with `PeerLost` if a peer announced a failure (its doorbell's
+    /// abort flag) or, with `pids`, if its process is gone.
+    fn check_failed(&self, w: &Waiting<'_>, pids: bool) -> Result<()> {
+        for p in (0..self.slots.len()).filter(|&p| p != self.me) {
             let lost = |msg: String| Error::PeerLost {
                 rank: self.me,
                 peer: p,
@@ -371,26 +401,9 @@ impl Mailbox {
             if self.bell(p).aborted.load(Ordering::Relaxed) != 0 {
                 return Err(lost(format!("rank {p} failed or was aborted")));
             }
-            if let Some(Some(pid)) = w.peer_pids.get(p) {
+            if let (true, Some(Some(pid))) = (pids, w.peer_pids.get(p)) {
                 if !sys::process_alive(*pid) {
                     return Err(lost(format!("process {pid} is gone")));
-                }
-            }
-        }
-        if let Some(Some(Link::Ring(l, _))) = w.links.get(q) {
-            if let Some(h) = l.peek_header() {
-                if h.seq == w.coll_seq {
-                    return Err(Error::Mismatch {
-                        rank: self.me,
-                        peer: q,
-                        seq: w.op_seq,
-                        msg: format!(
-                            "this rank runs {} in one shot, rank {q} sent it a message of {} ({}); every rank must call the same collectives in the same order with the same count, type, op and root",
-                            w.op_name,
-                            super::tag_name(h.tag),
-                            super::describe_tag(h.tag)
-                        ),
-                    });
                 }
             }
         }
@@ -398,29 +411,16 @@ impl Mailbox {
     }
 
     /// At the start of a mailbox op: fails if a peer has failed, or if a
-    /// peer's ring holds an unread
-    /// message of an earlier collective, which this rank skipped (the ranks
-    /// disagreed on a call, e.g. on a broadcast's root). Costs a load of
-    /// each peer's ring head, a line the peer writes only when it sends.
+    /// peer's ring holds an unread message of an earlier collective, which
+    /// this rank skipped (the ranks disagreed on a call, e.g. on a
+    /// broadcast's root). Costs a load of each peer's doorbell and ring
+    /// head, lines the peer writes only when it fails or sends.
     pub(crate) fn check_stale(&self, w: &Waiting<'_>) -> Result<()> {
         // A peer that failed may have published this call's data already:
         // fail now, as the rings would, rather than finish with it.
-        for p in (0..self.local.len()).filter(|&p| p != self.me) {
-            if self.bell(p).aborted.load(Ordering::Relaxed) != 0 {
-                return Err(Error::PeerLost {
-                    rank: self.me,
-                    peer: p,
-                    op: w.op_name.to_string(),
-                    seq: w.op_seq,
-                    msg: format!("rank {p} failed or was aborted"),
-                });
-            }
-        }
+        self.check_failed(w, false)?;
         for (q, l) in w.links.iter().enumerate() {
             let Some(Link::Ring(l, _)) = l else { continue };
-            if l.inbound_empty() {
-                continue;
-            }
             let Some(h) = l.peek_header() else { continue };
             if h.seq != super::P2P_SEQ && (h.seq.wrapping_sub(w.coll_seq) as i32) < 0 {
                 return Err(Error::Mismatch {
@@ -428,10 +428,11 @@ impl Mailbox {
                     peer: q,
                     seq: w.op_seq,
                     msg: format!(
-                        "rank {q} sent a message of {} ({}, collective #{}) that this rank never received: the ranks disagreed on an earlier call; every rank must call the same collectives in the same order with the same count, type, op and root",
+                        "rank {q} sent a message of {} ({}, collective #{}) that this rank never received: the ranks disagreed on an earlier call; {}",
                         super::tag_name(h.tag),
                         super::describe_tag(h.tag),
-                        h.seq
+                        h.seq,
+                        super::SAME_CALLS,
                     ),
                 });
             }

@@ -420,6 +420,9 @@ pub(crate) fn make_tag(
     (k << 12) | (d << 8) | (o << 4) | (root as u16 & 15)
 }
 
+/// How a `Mismatch` message ends: the rule the ranks broke.
+pub(crate) const SAME_CALLS: &str = "every rank must call the same collectives in the same order with the same count, type, op and root";
+
 pub(crate) fn tag_name(tag: u16) -> &'static str {
     crate::algo::CollKind::ALL
         .get((tag >> 12) as usize)

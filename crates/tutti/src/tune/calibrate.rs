@@ -97,7 +97,6 @@ pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel>
             }
         }
     }
-    let topo = comm.topology();
     let one_host = topo.host_of.iter().all(|&h| h == topo.host_of[0]);
     if one_host && !tcp_forced && comm.config().mailbox {
         if let Some(us) = measure_mailbox(comm)? {

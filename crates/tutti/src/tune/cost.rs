@@ -112,10 +112,11 @@ pub fn predict_mailbox(model: &CostModel, p: &Problem, elem: usize) -> Option<f6
     use crate::algo::Collective as C;
     let n = p.nranks;
     let b = (p.count * elem) as f64;
-    if p.vcounts.is_some() || !crate::engine::oneshot::fits(p.coll, n, p.count * elem) {
+    let publish = crate::engine::oneshot::contribution(p.coll, n, p.count * elem)?;
+    if p.vcounts.is_some() || publish > crate::transport::mailbox::MBOX_BYTES {
         return None;
     }
-    let publish = crate::engine::oneshot::contribution(p.coll, n, p.count * elem)? as f64;
+    let publish = publish as f64;
     let others = (n - 1) as f64 * b;
     let (read, reduces) = match p.coll {
         C::AllReduce | C::ReduceScatter | C::Reduce { .. } => (others, true),
