@@ -795,6 +795,25 @@ impl Lanes {
     }
 
     /// The descriptor of lane `i`.
+    /// Adds lane `i` to a poll set, waiting to read if `read` and to
+    /// write if `write`; nothing if neither.
+    pub(crate) fn push_pollfd(
+        &self,
+        i: usize,
+        read: bool,
+        write: bool,
+        out: &mut Vec<libc::pollfd>,
+    ) {
+        let events = if read { libc::POLLIN } else { 0 } | if write { libc::POLLOUT } else { 0 };
+        if events != 0 {
+            out.push(libc::pollfd {
+                fd: self.fd(i),
+                events,
+                revents: 0,
+            });
+        }
+    }
+
     pub(crate) fn fd(&self, i: usize) -> RawFd {
         self.lanes[i].sock.as_raw_fd()
     }
@@ -915,7 +934,6 @@ impl TcpLink {
     /// (`recv`: whether there is one) cannot move.
     pub(crate) fn pollfds(&self, send: Option<&SendMsg>, recv: bool, out: &mut Vec<libc::pollfd>) {
         for i in 0..self.lanes.lanes.len() {
-            let mut events = 0;
             // Before the head message has started, lane 0 (which every
             // message uses) stands for the link.
             let reading = if self.rx_active {
@@ -923,24 +941,12 @@ impl TcpLink {
             } else {
                 i == 0
             };
-            if recv && reading {
-                events |= libc::POLLIN;
-            }
             let wants = match send {
                 Some(m) if self.tx_active => self.lanes.tx_wants_write(i, m.len, m.avail),
                 Some(_) => i == 0,
                 None => self.lanes.nop_pending(i),
             };
-            if wants {
-                events |= libc::POLLOUT;
-            }
-            if events != 0 {
-                out.push(libc::pollfd {
-                    fd: self.lanes.fd(i),
-                    events,
-                    revents: 0,
-                });
-            }
+            self.lanes.push_pollfd(i, recv && reading, wants, out);
         }
     }
 

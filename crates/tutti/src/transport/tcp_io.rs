@@ -511,28 +511,15 @@ impl Side {
         }
         let avail = p.tx.avail.load(Ordering::Acquire);
         for i in 0..self.lanes.lanes.len() {
-            let mut events = 0;
-            if self.rx_on
+            let read = self.rx_on
                 && self.lanes.rx_pending(i)
-                && (!self.rx_reduce || stage_room(&p.stages[i]) >= DESC_BYTES)
-            {
-                events |= libc::POLLIN;
-            }
+                && (!self.rx_reduce || stage_room(&p.stages[i]) >= DESC_BYTES);
             let wants = if self.tx_on {
                 self.lanes.tx_wants_write(i, self.tx_len, avail)
             } else {
                 self.lanes.nop_pending(i)
             };
-            if wants {
-                events |= libc::POLLOUT;
-            }
-            if events != 0 {
-                out.push(libc::pollfd {
-                    fd: self.lanes.fd(i),
-                    events,
-                    revents: 0,
-                });
-            }
+            self.lanes.push_pollfd(i, read, wants, out);
         }
     }
 }
