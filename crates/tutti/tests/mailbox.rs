@@ -161,3 +161,95 @@ fn random_sequence_shm_4_rings_only() {
         |c, _: &Ctx| random_calls(c),
     );
 }
+
+/// Runs of identical calls (the engine skips the checks and the tuner for a
+/// call that repeats the last mailbox call in all but its buffers): new
+/// buffers and data every time, in place and not, with asynchronous ops
+/// and other shapes in between, and calls that repeat the shape but not
+/// its checks (overlapping buffers, a wrong length), which must still fail.
+fn repeated_calls(c: &Communicator) {
+    let (n, r) = (c.size(), c.rank());
+    let mut bufs = [vec![0f32; 17], vec![0f32; 17], vec![0f32; 17]];
+    for k in 0..1500 {
+        let count = [8, 16, 8, 3][(k / 7) % 4];
+        let want = |i: usize| (0..n).map(|q| val(q, i, k)).sum::<f32>();
+        let (a, rest) = bufs.split_at_mut(1);
+        let (send, recv) = (&mut a[0][..count], &mut rest[k % 2][..count]);
+        for (i, x) in send.iter_mut().enumerate() {
+            *x = val(r, i, k);
+        }
+        match k % 11 {
+            // In place, in the buffer the last call received into.
+            3 => {
+                recv.copy_from_slice(send);
+                c.all_reduce(recv, ReduceOp::Sum).unwrap();
+            }
+            // An asynchronous op between repeats.
+            5 => {
+                let v = c.all_reduce_async(send.to_vec(), ReduceOp::Sum).wait();
+                recv.copy_from_slice(&v.unwrap());
+            }
+            // Another collective between repeats.
+            7 => {
+                let mut g = vec![0f32; n * count];
+                c.all_gather(send, &mut g).unwrap();
+                for (i, x) in recv.iter_mut().enumerate() {
+                    *x = (0..n).map(|q| g[q * count + i]).sum();
+                }
+            }
+            _ => c.all_reduce_into(send, recv, ReduceOp::Sum).unwrap(),
+        }
+        for (i, v) in recv.iter().enumerate() {
+            assert_eq!(*v, want(i), "call {k} rank {r} i {i}");
+        }
+        if k % 97 == 96 {
+            // The shape just repeated, but the buffers overlap: refused,
+            // on every rank, before anything moves.
+            let p = bufs[0].as_mut_ptr() as *mut u8;
+            let raw = tutti::RawCall {
+                coll: tutti::algo::Collective::AllReduce,
+                dtype: tutti::DataType::F32,
+                op: ReduceOp::Sum,
+                count,
+                send: p,
+                send_len: 4 * count,
+                // SAFETY: one element further into a 17-element buffer.
+                recv: unsafe { p.add(4) },
+                recv_len: 4 * count,
+                vcounts: None,
+            };
+            // SAFETY: both ranges lie in bufs[0], which nothing else uses.
+            let e = unsafe { c.run_raw(&raw, &Default::default()) }.unwrap_err();
+            assert!(matches!(e, tutti::Error::InvalidArgument(_)), "{e}");
+            // The same shape with a receive buffer one element too long.
+            let (a, rest) = bufs.split_at_mut(1);
+            let e = c
+                .all_reduce_into(&a[0][..count], &mut rest[0][..count + 1], ReduceOp::Sum)
+                .unwrap_err();
+            assert!(matches!(e, tutti::Error::InvalidArgument(_)), "{e}");
+        }
+    }
+}
+
+#[test]
+fn repeated_calls_threads() {
+    for n in [2, 3] {
+        let comms = Communicator::init_all(n).unwrap();
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || repeated_calls(c));
+            }
+        });
+    }
+}
+
+#[test]
+fn repeated_calls_shm() {
+    common::procs(
+        "repeated_calls_shm",
+        3,
+        Transport::Shm,
+        &[],
+        |c, _: &Ctx| repeated_calls(c),
+    );
+}

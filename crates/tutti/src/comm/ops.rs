@@ -232,8 +232,7 @@ impl Communicator {
     /// writes of `recv_len` bytes, and neither may be accessed by anything
     /// else until this returns.
     pub unsafe fn run_raw(&self, c: &RawCall, opts: &Options) -> Result<()> {
-        let op = self.check(c, opts)?;
-        self.engine.run_blocking(op)
+        self.engine.run_raw(c, opts, || self.check(c, opts))
     }
 
     /// Issues an untyped call asynchronously.

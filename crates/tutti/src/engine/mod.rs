@@ -9,6 +9,7 @@ pub(crate) mod oneshot;
 pub mod recorder;
 
 use crate::algo::{Algorithm, Collective, Problem, Schedule, VCounts};
+use crate::comm::{Options, RawCall};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, ReduceOp};
@@ -17,6 +18,7 @@ use crate::transport::shm::Doorbell;
 use crate::transport::tcp_io::IoSet;
 use crate::transport::{make_tag, Link, StepCx};
 use executor::{Buffers, Env, Scratchpad};
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -47,6 +49,86 @@ pub(crate) struct OpCall {
 // touch) until the op completes; the op moves to the progress thread whole.
 unsafe impl Send for OpCall {}
 
+/// A checked call that ran through the mailboxes, less its buffers.
+#[derive(Clone, Copy, Debug)]
+struct Repeat {
+    coll: Collective,
+    dtype: DataType,
+    op: ReduceOp,
+    count: usize,
+    send_len: usize,
+    recv_len: usize,
+    in_place: bool,
+    input_len: usize,
+    output_len: usize,
+    algorithm: Option<Algorithm>,
+    timeout: Option<Duration>,
+    /// What the flight recorder keeps of each repeat.
+    rec: recorder::Rec,
+}
+
+impl Repeat {
+    fn new(c: &RawCall, opts: &Options, call: &OpCall) -> Repeat {
+        Repeat {
+            coll: c.coll,
+            dtype: c.dtype,
+            op: c.op,
+            count: c.count,
+            send_len: c.send_len,
+            recv_len: c.recv_len,
+            in_place: call.in_place,
+            input_len: call.input_len,
+            output_len: call.output_len,
+            algorithm: opts.algorithm,
+            timeout: opts.timeout,
+            rec: recorder::Rec {
+                algorithm: Algorithm::Direct.name(),
+                ..Core::record_of(call, 0)
+            },
+        }
+    }
+
+    /// The op for `c` if it repeats this call in all but its buffers and its
+    /// buffers pass the comm layer's checks (`None`: check it in full).
+    #[inline]
+    fn of(&self, c: &RawCall, opts: &Options) -> Option<OpCall> {
+        let in_place = c.coll == Collective::AllReduce && std::ptr::eq(c.send, c.recv);
+        let same = c.coll == self.coll
+            && c.dtype == self.dtype
+            && c.op == self.op
+            && c.count == self.count
+            && c.send_len == self.send_len
+            && c.recv_len == self.recv_len
+            && c.vcounts.is_none()
+            && in_place == self.in_place
+            && opts.algorithm == self.algorithm
+            && opts.timeout == self.timeout;
+        // The comm layer's overlap rule: input and output bytes are the
+        // checked lengths (input_len is 0 exactly where no input is read).
+        let overlap = !in_place
+            && self.input_len > 0
+            && self.output_len > 0
+            && c.coll != Collective::AllGather
+            && (c.send as usize) < c.recv as usize + self.output_len
+            && (c.recv as usize) < c.send as usize + self.input_len;
+        (same && !overlap).then_some(OpCall {
+            coll: c.coll,
+            dtype: c.dtype,
+            op: c.op,
+            count: c.count,
+            vcounts: None,
+            in_place,
+            input: c.send as *mut u8,
+            input_len: self.input_len,
+            output: c.recv,
+            output_len: self.output_len,
+            algorithm: opts.algorithm,
+            timeout: opts.timeout,
+            background: false,
+        })
+    }
+}
+
 /// The mutable state of a communicator's data path.
 pub(crate) struct Core {
     pub links: Vec<Option<Link>>,
@@ -61,7 +143,6 @@ pub(crate) struct Core {
     /// (its doorbell is the one to sleep on when there is no segment).
     pub io: Option<Arc<IoSet>>,
     pub local_index: usize,
-    next_turn: u64,
     seq: u64,
     /// Collectives run (send/recv excluded): what headers carry.
     coll_seq: u32,
@@ -75,9 +156,12 @@ pub(crate) struct Core {
     last: Option<(Problem, Option<Algorithm>, Arc<Schedule>, Algorithm)>,
     /// One-shot mailboxes, when every peer shares this rank's segment.
     mailbox: Option<Mailbox>,
-    /// The shape (collective, count, in place, forced algorithm) of the
-    /// last call that went through the mailboxes.
-    last_oneshot: Option<(Collective, usize, bool, Option<Algorithm>)>,
+    /// The last blocking call that went through the mailboxes, as the comm
+    /// layer passed it: a call that repeats it skips the checks and the
+    /// tuner ([`Engine::run_raw`]).
+    repeat: Option<Repeat>,
+    /// Whether the last op ran through the mailboxes.
+    oneshot_ran: bool,
     poisoned: Option<Error>,
     /// The recovery listener (see `shrink`), drained now and then so that
     /// probes never fill its queue.
@@ -123,7 +207,6 @@ impl Core {
             bell_owner,
             io,
             local_index,
-            next_turn: 0,
             seq: 0,
             coll_seq: 0,
             scratch: Vec::new(),
@@ -133,7 +216,8 @@ impl Core {
             tune: crate::tune::TuneCtx::single_host(nranks),
             last: None,
             mailbox,
-            last_oneshot: None,
+            repeat: None,
+            oneshot_ran: false,
             poisoned: None,
             recorder: recorder::Recorder::default(),
             rescue: None,
@@ -153,7 +237,7 @@ impl Core {
     pub(crate) fn forget_decisions(&mut self) {
         self.cache.clear();
         self.last = None;
-        self.last_oneshot = None;
+        self.repeat = None;
     }
 
     /// The number of ops this communicator has run.
@@ -161,20 +245,10 @@ impl Core {
         self.seq
     }
 
-    fn run(&mut self, c: &OpCall, abort: &AtomicBool) -> Result<()> {
-        if let Some(e) = &self.poisoned {
-            return Err(e.clone());
-        }
-        if abort.load(Ordering::Relaxed) {
-            return Err(Error::Aborted);
-        }
-        if self.seq.is_multiple_of(64) {
-            if let Some(l) = &self.rescue {
-                crate::comm::drain_listener(l);
-            }
-        }
-        self.recorder.start(recorder::Rec {
-            seq: self.seq,
+    /// What the flight recorder keeps of `c`, op `seq`, as it starts.
+    fn record_of(c: &OpCall, seq: u64) -> recorder::Rec {
+        recorder::Rec {
+            seq,
             op: c.coll.kind().name(),
             root_or_peer: match c.coll {
                 Collective::Send { peer } | Collective::Recv { peer } => Some(peer),
@@ -187,37 +261,70 @@ impl Core {
             state: recorder::RecState::Running,
             start_us: 0,
             end_us: 0,
-        });
-        let r = self.run_inner(c, abort);
-        self.recorder.finish(match &r {
-            Ok(()) => recorder::OpState::Done,
-            Err(e) => recorder::OpState::Failed(e.to_string()),
-        });
-        if let Err(e) = &r {
-            if matches!(
-                e,
-                Error::Timeout { .. }
-                    | Error::PeerLost { .. }
-                    | Error::Mismatch { .. }
-                    | Error::Aborted
-            ) {
-                tracing::error!(rank = self.rank, "{e}");
-                self.poisoned = Some(e.clone());
-                self.first_error
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get_or_insert(e.clone());
-                self.recorder.dump(self.rank, self.nranks);
-                // Make peers fail fast instead of waiting for us.
-                for l in self.links.iter().flatten() {
-                    l.announce_failure();
-                }
-            }
         }
-        r
     }
 
-    fn run_inner(&mut self, c: &OpCall, abort: &AtomicBool) -> Result<()> {
+    /// Runs `c`; `repeat`: it repeats [`Core::repeat`], so it runs through
+    /// the mailboxes without asking the tuner.
+    fn run(&mut self, c: &OpCall, abort: &AtomicBool, repeat: bool) -> Result<()> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        if abort.load(Ordering::Relaxed) {
+            return Err(Error::Aborted);
+        }
+        if self.seq.is_multiple_of(64) {
+            if let Some(l) = &self.rescue {
+                crate::comm::drain_listener(l);
+            }
+        }
+        match &self.repeat {
+            // A repeat is recorded like the call it repeats.
+            Some(k) if repeat => self.recorder.start(recorder::Rec {
+                seq: self.seq,
+                ..k.rec
+            }),
+            _ => self.recorder.start(Self::record_of(c, self.seq)),
+        }
+        match self.run_inner(c, abort, repeat) {
+            Ok(()) => {
+                self.recorder.done();
+                Ok(())
+            }
+            Err(e) => Err(self.failed(e)),
+        }
+    }
+
+    /// After op failed with `e`: records it and, for a failure that leaves
+    /// the ranks out of step, poisons the communicator and tells the peers.
+    #[cold]
+    #[inline(never)]
+    fn failed(&mut self, e: Error) -> Error {
+        self.recorder
+            .finish(recorder::OpState::Failed(e.to_string()));
+        if matches!(
+            e,
+            Error::Timeout { .. }
+                | Error::PeerLost { .. }
+                | Error::Mismatch { .. }
+                | Error::Aborted
+        ) {
+            tracing::error!(rank = self.rank, "{e}");
+            self.poisoned = Some(e.clone());
+            self.first_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(e.clone());
+            self.recorder.dump(self.rank, self.nranks);
+            // Make peers fail fast instead of waiting for us.
+            for l in self.links.iter().flatten() {
+                l.announce_failure();
+            }
+        }
+        e
+    }
+
+    fn run_inner(&mut self, c: &OpCall, abort: &AtomicBool, repeat: bool) -> Result<()> {
         let seq = self.seq;
         self.seq += 1;
         let esz = c.dtype.size();
@@ -241,15 +348,12 @@ impl Core {
             _ => {}
         }
         let bytes = c.count * esz;
-        // Small ops repeat: the last mailbox call's shape skips the tuner's
-        // cache (no problem to build and compare).
-        let shape = (c.coll, c.count, c.in_place, c.algorithm);
-        if self.last_oneshot == Some(shape) && oneshot::fits(c.coll, n, bytes) {
-            self.recorder.set_algorithm(Algorithm::Direct.name());
+        if repeat {
             let coll_seq = self.next_coll_seq(c.coll);
             self.run_oneshot(c, seq, op_tag(c), coll_seq, abort)?;
             return self.finish_avg(c);
         }
+        self.oneshot_ran = false;
         let problem = Problem {
             coll: c.coll,
             nranks: n,
@@ -278,7 +382,7 @@ impl Core {
             && c.vcounts.is_none()
             && oneshot::fits(c.coll, n, bytes)
         {
-            self.last_oneshot = Some(shape);
+            self.oneshot_ran = true;
             self.run_oneshot(c, seq, op_tag(c), coll_seq, abort)?;
         } else {
             self.run_schedule(c, seq, coll_seq, &sched, abort)?;
@@ -488,27 +592,71 @@ struct Job {
     done: Arc<Completion>,
 }
 
-/// The core plus what orders access to it: ops run in ticket order.
+/// The core plus what orders access to it: ops run in ticket order, and
+/// only the op whose turn it is touches the core. Taking a free turn is one
+/// load, passing it on one store: no lock on the path of a small op.
 pub(crate) struct Turns {
-    core: Mutex<Core>,
+    core: UnsafeCell<Core>,
+    /// The ticket whose turn it is.
+    next_turn: AtomicU64,
+    /// Where threads wait for their turn (with `cv`), and how many do, so
+    /// that passing the turn on skips the wake-up call when none waits.
+    lock: Mutex<()>,
     cv: Condvar,
-    /// Threads waiting for their turn (so the common case skips the wake-up call).
     waiters: AtomicU64,
 }
 
+// SAFETY: the core is reached only through a `Turn`, and only the thread
+// whose ticket equals `next_turn` holds one (tickets are unique, and the
+// turn moves on only when its holder gives it up); the SeqCst store that
+// passes the turn on and the load that finds it order one holder's
+// accesses before the next's. `Core` itself is `Send`.
+unsafe impl Sync for Turns {}
+
+/// Exclusive access to the core for the op whose turn it is.
+pub(crate) struct Turn<'a> {
+    turns: &'a Turns,
+    ticket: u64,
+}
+
+impl std::ops::Deref for Turn<'_> {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        // SAFETY: this thread holds the turn (see `Turns`' Sync).
+        unsafe { &*self.turns.core.get() }
+    }
+}
+
+impl std::ops::DerefMut for Turn<'_> {
+    fn deref_mut(&mut self) -> &mut Core {
+        // SAFETY: this thread holds the turn, and `&mut self` makes this
+        // the only reference made through it.
+        unsafe { &mut *self.turns.core.get() }
+    }
+}
+
 impl Turns {
-    fn lock_turn(
-        &self,
-        ticket: u64,
-        abort: Option<&AtomicBool>,
-    ) -> Result<std::sync::MutexGuard<'_, Core>> {
-        let mut g = self.core.lock().unwrap_or_else(|e| e.into_inner());
-        if g.next_turn == ticket {
-            return Ok(g);
+    #[inline]
+    fn lock_turn(&self, ticket: u64, abort: Option<&AtomicBool>) -> Result<Turn<'_>> {
+        if self.next_turn.load(Ordering::SeqCst) == ticket {
+            return Ok(Turn {
+                turns: self,
+                ticket,
+            });
         }
+        self.wait_turn(ticket, abort)
+    }
+
+    #[cold]
+    fn wait_turn(&self, ticket: u64, abort: Option<&AtomicBool>) -> Result<Turn<'_>> {
         self.waiters.fetch_add(1, Ordering::SeqCst);
-        while g.next_turn != ticket {
+        let mut g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        // Pairs with `end_turn`: it stores the turn and then reads
+        // `waiters`, this thread counts itself and then reads the turn
+        // (under the lock it notifies under), so one of them sees the other.
+        while self.next_turn.load(Ordering::SeqCst) != ticket {
             if abort.is_some_and(|a| a.load(Ordering::Relaxed)) {
+                drop(g);
                 self.waiters.fetch_sub(1, Ordering::SeqCst);
                 return Err(Error::Aborted);
             }
@@ -518,16 +666,27 @@ impl Turns {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+        drop(g);
         self.waiters.fetch_sub(1, Ordering::SeqCst);
-        Ok(g)
+        Ok(Turn {
+            turns: self,
+            ticket,
+        })
     }
 
-    fn end_turn(&self, mut g: std::sync::MutexGuard<'_, Core>) {
-        g.next_turn += 1;
-        drop(g);
+    #[inline]
+    fn end_turn(&self, g: Turn<'_>) {
+        self.next_turn.store(g.ticket + 1, Ordering::SeqCst);
         if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.cv.notify_all();
+            self.wake_all();
         }
+    }
+
+    /// Wakes every thread waiting for its turn (to find it, or an abort).
+    #[cold]
+    fn wake_all(&self) {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.cv.notify_all();
     }
 }
 
@@ -554,7 +713,9 @@ impl Engine {
             first_error: core.first_error.clone(),
             bell,
             core: Arc::new(Turns {
-                core: Mutex::new(core),
+                core: UnsafeCell::new(core),
+                next_turn: AtomicU64::new(0),
+                lock: Mutex::new(()),
                 cv: Condvar::new(),
                 waiters: AtomicU64::new(0),
             }),
@@ -585,7 +746,7 @@ impl Engine {
                 return Err(e);
             }
         };
-        let r = g.run(call, abort);
+        let r = g.run(call, abort, false);
         if let Some(d) = done {
             d.complete(r.clone());
         }
@@ -593,10 +754,39 @@ impl Engine {
         r
     }
 
-    /// Runs `call` on this thread, after every op issued before it.
-    pub(crate) fn run_blocking(&self, call: OpCall) -> Result<()> {
+    /// Runs a call on this thread, after every op issued before it. `check`
+    /// checks `c` against the communicator and makes the op, unless `c`
+    /// repeats the last mailbox call in all but its buffers: a training
+    /// loop's small AllReduce then costs a few compares before its data
+    /// moves, not a check, a tuner lookup and a dispatch.
+    pub(crate) fn run_raw(
+        &self,
+        c: &RawCall,
+        opts: &Options,
+        check: impl FnOnce() -> Result<OpCall>,
+    ) -> Result<()> {
         let t = self.tickets.fetch_add(1, Ordering::SeqCst);
-        Self::run_turn(&self.core, t, &call, &self.abort, None)
+        let mut g = match self.core.lock_turn(t, Some(&self.abort)) {
+            Ok(g) => g,
+            Err(e) => {
+                // Pass the turn on; a bad argument is still reported as such.
+                let g = self.core.lock_turn(t, None)?;
+                self.core.end_turn(g);
+                check()?;
+                return Err(e);
+            }
+        };
+        let r = match g.repeat.as_ref().and_then(|k| k.of(c, opts)) {
+            Some(call) => g.run(&call, &self.abort, true),
+            None => check().and_then(|call| {
+                let r = g.run(&call, &self.abort, false);
+                g.repeat = (r.is_ok() && g.oneshot_ran && !call.background)
+                    .then(|| Repeat::new(c, opts, &call));
+                r
+            }),
+        };
+        self.core.end_turn(g);
+        r
     }
 
     /// Queues `call` for the progress thread; `done` completes with its result.
@@ -653,7 +843,7 @@ impl Engine {
         } else if let Some(io) = &self.io {
             crate::transport::shm::abort_wake(io.bell());
         }
-        self.core.cv.notify_all();
+        self.core.wake_all();
     }
 }
 

@@ -31,6 +31,53 @@ pub(crate) fn contribution(coll: Collective, n: usize, bytes: usize) -> Option<u
     }
 }
 
+/// What a reducing mailbox op combines: kernel, op number, block bytes.
+struct Reduction {
+    k: reduce::Kernel,
+    s: u64,
+    b: usize,
+}
+
+impl Reduction {
+    /// `acc = x_0 op x_1 op ... op x_{n-1}` over one block: this rank's x
+    /// at `own`, a peer's at offset `off` of its payload (waited for in
+    /// rank order).
+    ///
+    /// # Safety
+    /// `acc` and `own` valid for the block's bytes, `off` + bytes within a
+    /// payload, `k` runnable here (see `oneshot_steps`).
+    #[inline(always)]
+    unsafe fn all(
+        &self,
+        mb: &mut mailbox::Mailbox,
+        w: &mut Waiting<'_>,
+        acc: *mut u8,
+        own: *const u8,
+        off: usize,
+    ) -> Result<()> {
+        let (n, me) = mb.ranks();
+        let (k, s, b) = (self.k, self.s, self.b);
+        // SAFETY: as this function's contract says.
+        unsafe {
+            let mut first = if me == 0 {
+                own
+            } else {
+                mb.receive(0, s, w)?.add(off)
+            };
+            for q in 1..n {
+                let x = if q == me {
+                    own
+                } else {
+                    mb.receive(q, s, w)?.add(off)
+                };
+                k(acc, first, x, b);
+                first = acc;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// True if `coll` with `bytes` per block fits a mailbox on `n` ranks.
 pub(crate) fn fits(coll: Collective, n: usize, bytes: usize) -> bool {
     contribution(coll, n, bytes).is_some_and(|b| b <= MBOX_BYTES)
@@ -68,7 +115,10 @@ impl Core {
             .and_then(|()| Self::oneshot_steps(mb, c, tag, &mut w));
         // Whatever happened, no peer may stay asleep on what we published.
         mb.flush();
-        r
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The body of [`run_oneshot`](Core::run_oneshot).
@@ -81,9 +131,10 @@ impl Core {
         let (n, me) = mb.ranks();
         let b = c.count * c.dtype.size();
         let s = mb.begin(mailbox::meta(tag, c.count));
-        let (dt, op) = (c.dtype, c.op.step_op());
+        let k = reduce::kernel(c.dtype, c.op.step_op());
         let (input, output) = (c.input as *const u8, c.output);
-        // SAFETY: (for the whole block below) the comm layer checked every buffer
+        // SAFETY: (for the whole block below) `k` is a kernel the running CPU
+        // can run (`reduce::kernel`); the comm layer checked every buffer
         // length against the collective (input n*b for the all-to-all
         // shapes, b otherwise; output likewise), so each offset below stays
         // in its buffer; slots hold MBOX_BYTES >= the contribution
@@ -92,43 +143,20 @@ impl Core {
         // not overlap except for an in-place AllReduce, which reads its own
         // part from its slot, not from the buffer it overwrites.
         unsafe {
-            // acc = x_0 op x_1 op ... op x_{n-1}: this rank's x at `own`,
-            // a peer's at offset `off` of its payload (waited for in order).
-            let reduce_all = |mb: &mut mailbox::Mailbox,
-                              w: &mut Waiting<'_>,
-                              acc: *mut u8,
-                              own: *const u8,
-                              off: usize|
-             -> Result<()> {
-                let mut first = if me == 0 {
-                    own
-                } else {
-                    mb.receive(0, s, w)?.add(off)
-                };
-                for q in 1..n {
-                    let x = if q == me {
-                        own
-                    } else {
-                        mb.receive(q, s, w)?.add(off)
-                    };
-                    reduce::reduce(dt, op, acc, first, x, b);
-                    first = acc;
-                }
-                Ok(())
-            };
+            let red = Reduction { k, s, b };
             match c.coll {
                 Collective::AllReduce => {
                     mb.publish(s, input, b, w)?;
-                    reduce_all(mb, w, output, mb.payload(me, s), 0)?;
+                    red.all(mb, w, output, mb.payload(me, s), 0)?;
                 }
                 Collective::ReduceScatter => {
                     mb.publish(s, input, n * b, w)?;
-                    reduce_all(mb, w, output, input.add(me * b), me * b)?;
+                    red.all(mb, w, output, input.add(me * b), me * b)?;
                 }
                 Collective::Reduce { root } => {
                     if me == root {
                         mb.publish(s, input, 0, w)?;
-                        reduce_all(mb, w, output, input, 0)?;
+                        red.all(mb, w, output, input, 0)?;
                     } else {
                         mb.publish(s, input, b, w)?;
                     }

@@ -155,8 +155,17 @@ impl Recorder {
         }
     }
 
+    /// Ends the newest op successfully.
+    #[inline]
+    pub(crate) fn done(&mut self) {
+        if let Some(r) = self.newest() {
+            r.state = RecState::Done;
+        }
+    }
+
     /// Ends the newest op. Only failures are timestamped (the clock is not
     /// read on the hot path of every small op).
+    #[inline]
     pub(crate) fn finish(&mut self, state: OpState) {
         let Some(r) = self.newest() else { return };
         match state {

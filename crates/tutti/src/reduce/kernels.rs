@@ -14,7 +14,10 @@ use std::ptr;
 use std::sync::OnceLock;
 
 /// `dst = a (op) b` over `nbytes` bytes of elements of type `T`.
-type Kernel = unsafe fn(dst: *mut u8, a: *const u8, b: *const u8, nbytes: usize);
+/// A reduction kernel: `dst[i] = a[i] (op) b[i]` over `nbytes` bytes, with
+/// [`reduce`]'s contract (and no check of the CPU's features: those of
+/// the kernels [`kernel`] returns were checked when it chose them).
+pub type Kernel = unsafe fn(dst: *mut u8, a: *const u8, b: *const u8, nbytes: usize);
 
 /// Arithmetic on one element type, in the form the kernels need.
 trait Arith: Copy {
@@ -259,6 +262,12 @@ pub unsafe fn reduce(
     // SAFETY: forwarded from this function's contract; the table holds only
     // kernels whose target features the running CPU has (checked in `table`).
     unsafe { k(dst, a, b, nbytes) }
+}
+
+/// The kernel [`reduce`] runs for `dtype` and `op`, for a caller that
+/// reduces several times with the same pair (looked up once).
+pub fn kernel(dtype: DataType, op: ReduceOp) -> Kernel {
+    table()[index(dtype, op)]
 }
 
 /// Divides every element of `buf` by `n`, finishing an `Avg` reduction.

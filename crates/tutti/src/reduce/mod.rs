@@ -8,7 +8,7 @@
 
 mod kernels;
 
-pub use kernels::{reduce, scale_avg};
+pub use kernels::{kernel, reduce, scale_avg, Kernel};
 
 use half::{bf16, f16};
 use std::fmt;

@@ -47,6 +47,10 @@ use std::time::{Duration, Instant};
 pub(crate) const MBOX_BYTES: usize = 32 << 10;
 /// Slots per rank: how far a writer may run ahead of its readers, plus one.
 pub(crate) const SLOTS: usize = 8;
+/// Polls of a peer's header before a receive takes the slow path (which
+/// polls on, then yields or sleeps): as many as [`super::Backoff`] spins
+/// before an oversubscribed rank yields.
+const INLINE_POLLS: usize = 8;
 /// Bytes of a slot's header (`seq`, `meta`).
 const SLOT_HDR: usize = 16;
 /// Bytes from one slot to the next: header and payload, rounded to 128 so
@@ -85,7 +89,8 @@ pub(crate) struct Mailbox {
     me: usize,
     /// Mailbox ops this rank has started.
     seq: u64,
-    /// Per rank, the last op whose header this rank has read and checked.
+    /// Per rank, the last op whose header this rank has read and checked
+    /// (`u64::MAX` for this rank).
     seen: Vec<u64>,
     /// The meta of this rank's last `SLOTS` ops (checked against late readers).
     metas: [u64; SLOTS],
@@ -152,7 +157,8 @@ impl Mailbox {
             bells,
             me,
             seq: 0,
-            seen: vec![0; n],
+            // This rank's own entry never holds anyone back.
+            seen: (0..n).map(|q| if q == me { u64::MAX } else { 0 }).collect(),
             metas: [0; SLOTS],
             unflushed: false,
         })
@@ -239,6 +245,7 @@ impl Mailbox {
     ///
     /// # Safety
     /// `src` must be valid for reads of `len` bytes, `len <= MBOX_BYTES`.
+    #[inline(always)]
     pub(crate) unsafe fn publish(
         &mut self,
         s: u64,
@@ -248,18 +255,8 @@ impl Mailbox {
     ) -> Result<()> {
         debug_assert!(len <= MBOX_BYTES);
         let reused = SLOTS as u64 - 1;
-        if s > reused {
-            for q in 0..self.slots.len() {
-                if q != self.me && self.seen[q] < s - reused {
-                    // Look at the peer's newest possible call first: if it
-                    // has started it, no look is needed for SLOTS - 2 calls.
-                    if s > 1 && self.arrived(q, s - 1) {
-                        self.check_meta(q, s - 1, w)?;
-                    } else {
-                        self.wait_for(q, s - reused, w)?;
-                    }
-                }
-            }
+        if s > reused && self.seen.iter().any(|&k| k < s - reused) {
+            self.make_room(s, w)?;
         }
         let h = self.hdr(self.me, s);
         // Seqlock-style: a reader that loaded the old seq and then meta
@@ -276,6 +273,25 @@ impl Mailbox {
         // Sleeping peers are woken later (`flush`): a fence here would wait
         // for the store to reach the peers' caches, on the critical path.
         self.unflushed = true;
+        Ok(())
+    }
+
+    /// Before publishing op `s`: waits until every peer has started op
+    /// `s - SLOTS + 1`, so that none still reads the slot's previous use.
+    #[inline(never)]
+    fn make_room(&mut self, s: u64, w: &mut Waiting<'_>) -> Result<()> {
+        let reused = SLOTS as u64 - 1;
+        for q in 0..self.slots.len() {
+            if q != self.me && self.seen[q] < s - reused {
+                // Look at the peer's newest possible call first: if it
+                // has started it, no look is needed for SLOTS - 2 calls.
+                if s > 1 && self.arrived(q, s - 1) {
+                    self.check_meta(q, s - 1, w)?;
+                } else {
+                    self.wait_for(q, s - reused, w)?;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -298,24 +314,49 @@ impl Mailbox {
 
     /// Waits for peer `q`'s part of op `s` and checks that it is the same
     /// op; returns its payload.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn receive(&mut self, q: usize, s: u64, w: &mut Waiting<'_>) -> Result<*const u8> {
-        if self.seen[q] < s {
-            let skipped = self.seen[q] + 1..s;
-            if self.arrived(q, s) {
-                self.check_meta(q, s, w)?;
-            } else {
-                self.wait_for(q, s, w)?;
-            }
-            // Headers of `q` this rank did not need, those still in their
-            // slots (`check_meta` skips any already reused).
-            for k in skipped.rev().take(SLOTS - 1) {
-                if self.arrived(q, k) {
-                    self.check_meta(q, k, w)?;
+        // The common case inline: the header right after the last one read
+        // from `q` arrives within a few polls and matches. (The first polls
+        // of the slow path's waiting, without its bookkeeping between the
+        // data's arrival and its use.)
+        if self.seen[q] + 1 == s {
+            let h = self.hdr(q, s);
+            for _ in 0..INLINE_POLLS {
+                if h.seq.load(Ordering::Acquire) >= s {
+                    if h.meta.load(Ordering::Relaxed) == self.metas[slot_of(s)] {
+                        self.seen[q] = s;
+                        return Ok(self.payload(q, s));
+                    }
+                    break;
                 }
+                std::hint::spin_loop();
             }
         }
+        if self.seen[q] < s {
+            self.receive_slow(q, s, w)?;
+        }
         Ok(self.payload(q, s))
+    }
+
+    /// [`receive`](Mailbox::receive) when it must wait, check skipped
+    /// headers, or report a mismatch.
+    #[inline(never)]
+    fn receive_slow(&mut self, q: usize, s: u64, w: &mut Waiting<'_>) -> Result<()> {
+        let skipped = self.seen[q] + 1..s;
+        if self.arrived(q, s) {
+            self.check_meta(q, s, w)?;
+        } else {
+            self.wait_for(q, s, w)?;
+        }
+        // Headers of `q` this rank did not need, those still in their
+        // slots (`check_meta` skips any already reused).
+        for k in skipped.rev().take(SLOTS - 1) {
+            if self.arrived(q, k) {
+                self.check_meta(q, k, w)?;
+            }
+        }
+        Ok(())
     }
 
     /// Waits until `q` has published op `s`, then checks its header.
@@ -415,7 +456,28 @@ impl Mailbox {
     /// this rank skipped (the ranks disagreed on a call, e.g. on a
     /// broadcast's root). Costs a load of each peer's doorbell and ring
     /// head, lines the peer writes only when it fails or sends.
+    #[inline(always)]
     pub(crate) fn check_stale(&self, w: &Waiting<'_>) -> Result<()> {
+        // The common case inline: no peer failed, no ring message waits.
+        let failed = self.bells.iter().enumerate().any(|(p, &b)| {
+            // SAFETY: doorbells live in the segment, which `seg` keeps mapped.
+            p != self.me && unsafe { (*b).aborted.load(Ordering::Relaxed) } != 0
+        });
+        let waiting = w
+            .links
+            .iter()
+            .any(|l| matches!(l, Some(Link::Ring(l, _)) if l.has_message()));
+        if failed || waiting {
+            self.check_stale_slow(w)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// [`check_stale`](Mailbox::check_stale) once something is amiss or a
+    /// ring message waits: says which.
+    #[inline(never)]
+    fn check_stale_slow(&self, w: &Waiting<'_>) -> Result<()> {
         // A peer that failed may have published this call's data already:
         // fail now, as the rings would, rather than finish with it.
         self.check_failed(w, false)?;

@@ -359,6 +359,15 @@ impl RingLink {
         self.peer
     }
 
+    /// True if a message from the peer has arrived that this side has not
+    /// started on (what [`peek_header`](Self::peek_header) would return).
+    #[inline]
+    pub(crate) fn has_message(&self) -> bool {
+        let ctl = self.seg.ctl(self.peer, self.me);
+        let t = ctl.tail.load(Ordering::Relaxed);
+        ctl.head.load(Ordering::Acquire) - t >= HEADER_BYTES as u64
+    }
+
     /// The header of the next unread message from the peer, if one has
     /// arrived and this side has not started on it.
     pub(crate) fn peek_header(&self) -> Option<Header> {
