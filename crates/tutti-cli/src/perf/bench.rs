@@ -323,6 +323,12 @@ impl<'a, T: Val> Bench<'a, T> {
 
     /// Runs the collective once (for send_recv: one exchange with both neighbours).
     pub(crate) fn run(&mut self) -> tutti::Result<()> {
+        self.run_n(1)
+    }
+
+    /// Runs the call `k` times (the calls are built once, outside the loop,
+    /// as a training loop would: the loop times the library, not this).
+    pub(crate) fn run_n(&mut self, k: usize) -> tutti::Result<()> {
         let (n, r) = (self.comm.size(), self.comm.rank());
         let (sp, sl) = (self.send.as_ptr(), self.send.len());
         let (rp, rl) = (self.recv.as_mut_ptr(), self.recv.len());
@@ -363,13 +369,15 @@ impl<'a, T: Val> Bench<'a, T> {
             }
             k => (self.raw(collective(k, self.root), sp, sl, rp, rl), None),
         };
-        for c in std::iter::once(&calls.0).chain(calls.1.as_ref()) {
-            // In place, send and recv are the same buffer, which AllReduce
-            // and Broadcast allow.
-            // SAFETY: the pointers come from `self.send`/`self.recv` (or are
-            // null with length 0), valid for the lengths given; `&mut self`
-            // keeps anything else from touching them until run_raw returns.
-            unsafe { self.comm.run_raw(c, &self.opts)? };
+        for _ in 0..k {
+            for c in std::iter::once(&calls.0).chain(calls.1.as_ref()) {
+                // In place, send and recv are the same buffer, which AllReduce
+                // and Broadcast allow.
+                // SAFETY: the pointers come from `self.send`/`self.recv` (or are
+                // null with length 0), valid for the lengths given; `&mut self`
+                // keeps anything else from touching them until run_raw returns.
+                unsafe { self.comm.run_raw(c, &self.opts)? };
+            }
         }
         Ok(())
     }
