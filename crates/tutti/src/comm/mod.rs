@@ -104,12 +104,13 @@ pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate
             && config.transport != crate::config::TransportChoice::Tcp
             && topo.host_of.len() > 1
             && topo.host_of.iter().all(|&h| h == topo.host_of[0]),
-        oversubscribed: {
+        cpu_share: {
             let mut per_host = std::collections::HashMap::new();
             for &h in &topo.host_of {
                 *per_host.entry(h).or_insert(0usize) += 1;
             }
-            per_host.values().copied().max().unwrap_or(0) > crate::transport::sys::online_cpus()
+            let most = per_host.values().copied().max().unwrap_or(1).max(1);
+            (crate::transport::sys::online_cpus() as f64 / most as f64).min(1.0)
         },
     }
 }

@@ -125,9 +125,12 @@ pub struct TuneCtx {
     /// The direct algorithm runs small calls through one-shot mailboxes
     /// (every rank on one host, over shared memory or as threads).
     pub mailbox: bool,
-    /// Some host runs more ranks than this machine has cores: a hand-off
-    /// between ranks is then priced at no less than `mailbox_us`.
-    pub oversubscribed: bool,
+    /// The share of a core each rank gets on the most crowded host: 1.0
+    /// where every rank has a core, cores / ranks where a host runs more
+    /// ranks than this machine has cores. Below 1, a hand-off between
+    /// ranks is priced at no less than `mailbox_us`, and every byte a rank
+    /// moves or reduces at that share of the measured rates.
+    pub cpu_share: f64,
 }
 
 impl TuneCtx {
@@ -151,7 +154,7 @@ impl TuneCtx {
             tcp_only: false,
             deterministic: false,
             mailbox: n > 1,
-            oversubscribed: false,
+            cpu_share: 1.0,
         }
     }
 
@@ -195,13 +198,20 @@ fn price(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> Option<f64>
     }
     let class = |a: usize, b: usize| ctx.class(a, b);
     let mut model = ctx.model;
-    if ctx.oversubscribed {
+    if ctx.cpu_share < 1.0 {
         // A hand-off between ranks that share cores waits for the peer to
         // be scheduled. The ping-pong that measured `alpha` ran while the
         // other ranks idled; the mailbox op was measured with every rank
         // at work, so it is the better price of a hand-off here.
         model.shm.alpha_us = model.shm.alpha_us.max(model.mailbox_us);
         model.local.alpha_us = model.local.alpha_us.max(model.mailbox_us);
+        // The rates were measured with a core per rank; the simulation
+        // gives every rank its own CPU, so each gets its share of one.
+        let f = ctx.cpu_share;
+        model.shm.gbps *= f;
+        model.local.gbps *= f;
+        model.copy_gbps *= f;
+        model.reduce_gbps *= f;
     }
     if p.nranks <= SIMULATE_ALL_UP_TO {
         cost::predict(&model, p, alg, elem, &class)
@@ -439,7 +449,7 @@ mod tests {
             tcp_only: false,
             deterministic: false,
             mailbox: false,
-            oversubscribed: false,
+            cpu_share: 1.0,
         };
         for count in [16usize, 1 << 20] {
             let mut p = Problem::new(Collective::AllReduce, 8, 0, count);
@@ -500,7 +510,7 @@ mod tests {
                 tcp_only: false,
                 deterministic: false,
                 mailbox: false,
-                oversubscribed: false,
+                cpu_share: 1.0,
             };
             let mut p = Problem::new(Collective::AllReduce, hosts * l, 0, 4 << 20);
             p.hosts = ctx.hosts();
