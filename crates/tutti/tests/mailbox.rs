@@ -130,13 +130,18 @@ fn random_sequence_threads() {
             timeout: std::time::Duration::from_secs(20),
             ..Config::default()
         };
-        let comms = Communicator::init_all_with(n, config).unwrap();
-        std::thread::scope(|s| {
-            for c in &comms {
-                s.spawn(move || random_calls(c));
-            }
-        });
+        on_threads(n, config, random_calls);
     }
+}
+
+/// Runs `f` on every rank of an `n`-rank communicator of threads.
+fn on_threads(n: usize, config: Config, f: fn(&Communicator)) {
+    let comms = Communicator::init_all_with(n, config).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || f(c));
+        }
+    });
 }
 
 #[test]
@@ -234,12 +239,7 @@ fn repeated_calls(c: &Communicator) {
 #[test]
 fn repeated_calls_threads() {
     for n in [2, 3] {
-        let comms = Communicator::init_all(n).unwrap();
-        std::thread::scope(|s| {
-            for c in &comms {
-                s.spawn(move || repeated_calls(c));
-            }
-        });
+        on_threads(n, Config::from_env().unwrap(), repeated_calls);
     }
 }
 
@@ -287,12 +287,7 @@ fn late_peer_wakes_sleeper(c: &Communicator) {
 
 #[test]
 fn late_peer_wakes_sleeper_threads() {
-    let comms = Communicator::init_all(2).unwrap();
-    std::thread::scope(|s| {
-        for c in &comms {
-            s.spawn(move || late_peer_wakes_sleeper(c));
-        }
-    });
+    on_threads(2, Config::from_env().unwrap(), late_peer_wakes_sleeper);
 }
 
 #[test]
