@@ -300,8 +300,7 @@ impl Core {
     #[cold]
     #[inline(never)]
     fn failed(&mut self, e: Error) -> Error {
-        self.recorder
-            .finish(recorder::OpState::Failed(e.to_string()));
+        self.recorder.failed(e.to_string());
         if matches!(
             e,
             Error::Timeout { .. }
@@ -606,11 +605,12 @@ pub(crate) struct Turns {
     waiters: AtomicU64,
 }
 
-// SAFETY: the core is reached only through a `Turn`, and only the thread
-// whose ticket equals `next_turn` holds one (tickets are unique, and the
-// turn moves on only when its holder gives it up); the SeqCst store that
-// passes the turn on and the load that finds it order one holder's
-// accesses before the next's. `Core` itself is `Send`.
+// The core is reached only through a `Turn`, and only the thread whose
+// ticket equals `next_turn` holds one (tickets are unique, and the turn
+// moves on only when its holder gives it up); the SeqCst store that passes
+// the turn on and the load that finds it order one holder's accesses
+// before the next's.
+// SAFETY: one thread at a time touches the core (above); `Core` is `Send`.
 unsafe impl Sync for Turns {}
 
 /// Exclusive access to the core for the op whose turn it is.
@@ -780,8 +780,7 @@ impl Engine {
             Some(call) => g.run(&call, &self.abort, true),
             None => check().and_then(|call| {
                 let r = g.run(&call, &self.abort, false);
-                g.repeat = (r.is_ok() && g.oneshot_ran && !call.background)
-                    .then(|| Repeat::new(c, opts, &call));
+                g.repeat = (r.is_ok() && g.oneshot_ran).then(|| Repeat::new(c, opts, &call));
                 r
             }),
         };

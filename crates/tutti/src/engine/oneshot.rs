@@ -115,10 +115,7 @@ impl Core {
             .and_then(|()| Self::oneshot_steps(mb, c, tag, &mut w));
         // Whatever happened, no peer may stay asleep on what we published.
         mb.flush();
-        match r {
-            Ok(()) => Ok(()),
-            Err(e) => Err(e),
-        }
+        r
     }
 
     /// The body of [`run_oneshot`](Core::run_oneshot).
@@ -133,15 +130,16 @@ impl Core {
         let s = mb.begin(mailbox::meta(tag, c.count));
         let k = reduce::kernel(c.dtype, c.op.step_op());
         let (input, output) = (c.input as *const u8, c.output);
-        // SAFETY: (for the whole block below) `k` is a kernel the running CPU
-        // can run (`reduce::kernel`); the comm layer checked every buffer
-        // length against the collective (input n*b for the all-to-all
-        // shapes, b otherwise; output likewise), so each offset below stays
-        // in its buffer; slots hold MBOX_BYTES >= the contribution
-        // (`fits`); a peer's slot is not rewritten before this rank starts
-        // its next op (the mailbox reuse rule), and input and output do
-        // not overlap except for an in-place AllReduce, which reads its own
-        // part from its slot, not from the buffer it overwrites.
+        // For the whole block below: `k` is a kernel the running CPU can run
+        // (`reduce::kernel`); the comm layer checked every buffer length
+        // against the collective (input n*b for the all-to-all shapes, b
+        // otherwise; output likewise), so each offset below stays in its
+        // buffer; slots hold MBOX_BYTES >= the contribution (`fits`); a
+        // peer's slot is not rewritten before this rank starts its next op
+        // (the mailbox reuse rule), and input and output do not overlap
+        // except for an in-place AllReduce, which reads its own part from
+        // its slot, not from the buffer it overwrites.
+        // SAFETY: buffers, slots and kernel as just described.
         unsafe {
             let red = Reduction { k, s, b };
             match c.coll {

@@ -163,24 +163,17 @@ impl Recorder {
         }
     }
 
-    /// Ends the newest op. Only failures are timestamped (the clock is not
-    /// read on the hot path of every small op).
-    #[inline]
-    pub(crate) fn finish(&mut self, state: OpState) {
+    /// Ends the newest op as failed with `msg`. Only failures are
+    /// timestamped (the clock is not read on the hot path of every small op).
+    pub(crate) fn failed(&mut self, msg: String) {
         let Some(r) = self.newest() else { return };
-        match state {
-            OpState::Running => r.state = RecState::Running,
-            OpState::Done => r.state = RecState::Done,
-            OpState::Failed(msg) => {
-                r.state = RecState::Failed;
-                r.end_us = now_us();
-                let seq = r.seq;
-                if self.failures.len() == CAPACITY {
-                    self.failures.pop_front();
-                }
-                self.failures.push_back((seq, msg));
-            }
+        r.state = RecState::Failed;
+        r.end_us = now_us();
+        let seq = r.seq;
+        if self.failures.len() == CAPACITY {
+            self.failures.pop_front();
         }
+        self.failures.push_back((seq, msg));
     }
 
     /// The recorded ops, oldest first.

@@ -258,7 +258,7 @@ pub unsafe fn reduce(
     b: *const u8,
     nbytes: usize,
 ) {
-    let k = table()[index(dtype, op)];
+    let k = kernel(dtype, op);
     // SAFETY: forwarded from this function's contract; the table holds only
     // kernels whose target features the running CPU has (checked in `table`).
     unsafe { k(dst, a, b, nbytes) }

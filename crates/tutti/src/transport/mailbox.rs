@@ -285,6 +285,7 @@ impl Mailbox {
 
     /// Before publishing op `s`: waits until every peer has started op
     /// `s - SLOTS + 1`, so that none still reads the slot's previous use.
+    /// Only for `s >= SLOTS` (earlier ops use fresh slots).
     #[inline(never)]
     fn make_room(&mut self, s: u64, w: &mut Waiting<'_>) -> Result<()> {
         let reused = SLOTS as u64 - 1;
@@ -292,7 +293,7 @@ impl Mailbox {
             if q != self.me && self.seen[q] < s - reused {
                 // Look at the peer's newest possible call first: if it
                 // has started it, no look is needed for SLOTS - 2 calls.
-                if s > 1 && self.arrived(q, s - 1) {
+                if self.arrived(q, s - 1) {
                     self.check_meta(q, s - 1, w)?;
                 } else {
                     self.wait_for(q, s - reused, w)?;
@@ -466,10 +467,8 @@ impl Mailbox {
     #[inline(always)]
     pub(crate) fn check_stale(&self, w: &Waiting<'_>) -> Result<()> {
         // The common case inline: no peer failed, no ring message waits.
-        let failed = self.bells.iter().enumerate().any(|(p, &b)| {
-            // SAFETY: doorbells live in the segment, which `seg` keeps mapped.
-            p != self.me && unsafe { (*b).aborted.load(Ordering::Relaxed) } != 0
-        });
+        let failed = (0..self.bells.len())
+            .any(|p| p != self.me && self.bell(p).aborted.load(Ordering::Relaxed) != 0);
         let waiting = w
             .links
             .iter()

@@ -371,13 +371,13 @@ impl RingLink {
     /// The header of the next unread message from the peer, if one has
     /// arrived and this side has not started on it.
     pub(crate) fn peek_header(&self) -> Option<Header> {
-        let seg = &*self.seg;
-        let cap = seg.layout.cap as u64;
-        let ctl = seg.ctl(self.peer, self.me);
-        let t = ctl.tail.load(Ordering::Relaxed);
-        if ctl.head.load(Ordering::Acquire) - t < HEADER_BYTES as u64 {
+        if !self.has_message() {
             return None;
         }
+        let seg = &*self.seg;
+        let cap = seg.layout.cap as u64;
+        // This side alone moves the tail.
+        let t = seg.ctl(self.peer, self.me).tail.load(Ordering::Relaxed);
         let mut hdr = Header::default();
         // SAFETY: 16 published bytes at t (16-aligned, not wrapping). Only
         // called between messages, where t is a message boundary.
