@@ -145,7 +145,17 @@ impl Core {
             match c.coll {
                 Collective::AllReduce => {
                     mb.publish(s, input, b, w)?;
-                    red.all(mb, w, output, mb.payload(me, s), 0)?;
+                    // Its own part from its input, which stays in this
+                    // core's cache (its slot's lines are busy: every peer
+                    // reads them now), unless the partial sums overwrite
+                    // the input first: in place, on ranks 2 and up (the
+                    // first step writes x0 + x1 over it). Then from its slot.
+                    let own = if !c.in_place || me <= 1 {
+                        input
+                    } else {
+                        mb.payload(me, s)
+                    };
+                    red.all(mb, w, output, own, 0)?;
                 }
                 Collective::ReduceScatter => {
                     mb.publish(s, input, n * b, w)?;
