@@ -13,6 +13,7 @@ use super::{CostModel, LinkClass, LinkCost};
 use crate::algo::Algorithm;
 use crate::comm::Options;
 use crate::error::Result;
+use crate::transport::mailbox::MBOX_BYTES;
 use crate::{Collective, Communicator, DataType, RawCall, ReduceOp};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -99,9 +100,12 @@ pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel>
     }
     let one_host = topo.host_of.iter().all(|&h| h == topo.host_of[0]);
     if one_host && !tcp_forced && comm.config().mailbox {
-        if let Some(us) = measure_mailbox(comm)? {
-            let d = CostModel::default().mailbox_us;
-            model.mailbox_us = us.clamp(d / 10.0, d * 100.0);
+        if let Some((us, gbps, reduce_gbps)) = measure_mailbox(comm)? {
+            let d = CostModel::default();
+            model.mailbox_us = us.clamp(d.mailbox_us / 10.0, d.mailbox_us * 100.0);
+            model.mailbox_gbps = gbps.clamp(d.mailbox_gbps / 10.0, d.mailbox_gbps * 10.0);
+            model.mailbox_reduce_gbps =
+                reduce_gbps.clamp(d.mailbox_reduce_gbps / 10.0, d.mailbox_reduce_gbps * 10.0);
         }
     }
     let mut blob = vec![0u8; 1024];
@@ -120,28 +124,81 @@ pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel>
     Ok(serde_json::from_slice(&blob[3..3 + len]).unwrap_or_default())
 }
 
-/// The time of an 8-byte AllReduce through the mailboxes (all ranks take
-/// part): the best mean of a few batches. Rank 0's measurement, `None`
-/// elsewhere.
-fn measure_mailbox(comm: &Communicator) -> Result<Option<f64>> {
+/// The mailboxes' fixed cost and rates, from batches of calls through
+/// them (all ranks take part): the time of an 8-byte AllReduce; the rate
+/// at which an AllGather of [`MBOX_BYTES`] per rank moves bytes beyond that
+/// (each rank copies its part in and every peer's part out); and the rate
+/// at which an f32 AllReduce of `MBOX_BYTES` reduces its peers' parts,
+/// beyond the fixed cost and copying its own part in. Best means of a few
+/// batches; rank 0's measurement, `None` elsewhere.
+fn measure_mailbox(comm: &Communicator) -> Result<Option<(f64, f64, f64)>> {
     let direct = Options {
         algorithm: Some(Algorithm::Direct),
         timeout: None,
     };
+    let n = comm.size();
+    let part = MBOX_BYTES;
     let mut x = [0u64; 1];
-    let mut best = f64::INFINITY;
-    for batch in 0..6 {
-        comm.barrier()?;
-        let t = Instant::now();
-        for _ in 0..1000 {
-            comm.all_reduce_with(&mut x, ReduceOp::Sum, &direct)?;
+    let mut mine = vec![0u8; part];
+    let mut all = vec![0u8; part * n];
+    let floats_in = vec![1f32; part / 4];
+    let mut floats_out = vec![0f32; part / 4];
+    // Best mean per call of 6 batches of `calls`, the first a warm-up.
+    let best_of = |calls: u32, f: &mut dyn FnMut(u32) -> Result<()>| -> Result<f64> {
+        let mut best = f64::INFINITY;
+        for batch in 0..6 {
+            comm.barrier()?;
+            let t = Instant::now();
+            for i in 0..calls {
+                f(i)?;
+            }
+            if batch > 0 {
+                best = best.min(t.elapsed().as_secs_f64() * 1e6 / calls as f64);
+            }
         }
-        // The first batch warms up.
-        if batch > 0 {
-            best = best.min(t.elapsed().as_secs_f64() * 1e6 / 1000.0);
-        }
-    }
-    Ok((comm.rank() == 0).then_some(best))
+        Ok(best)
+    };
+    let small = best_of(1000, &mut |_| {
+        comm.all_reduce_with(&mut x, ReduceOp::Sum, &direct)
+    })?;
+    let gather = best_of(100, &mut |i| {
+        mine[0] = i as u8; // every call's contribution differs
+        let c = RawCall {
+            coll: Collective::AllGather,
+            dtype: DataType::U8,
+            op: ReduceOp::Sum,
+            count: part,
+            send: mine.as_ptr(),
+            send_len: part,
+            recv: all.as_mut_ptr(),
+            recv_len: all.len(),
+            vcounts: None,
+        };
+        // SAFETY: both buffers are borrowed for the call, `all` exclusively.
+        unsafe { comm.run_raw(&c, &direct) }
+    })?;
+    let reduce = best_of(100, &mut |_| {
+        let c = RawCall {
+            coll: Collective::AllReduce,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            count: part / 4,
+            send: floats_in.as_ptr() as *const u8,
+            send_len: part,
+            recv: floats_out.as_mut_ptr() as *mut u8,
+            recv_len: part,
+            vcounts: None,
+        };
+        // SAFETY: both buffers are borrowed for the call, `floats_out`
+        // exclusively; they do not overlap.
+        unsafe { comm.run_raw(&c, &direct) }
+    })?;
+    // AllGather: each rank copies its part in and the n - 1 others out.
+    let gbps = (part * n) as f64 / ((gather - small).max(1e-3) * 1e3);
+    // AllReduce: its own part in, then the n - 1 others reduced.
+    let copy_in = part as f64 / (gbps * 1e3);
+    let reduce_gbps = (part * (n - 1)) as f64 / ((reduce - small - copy_in).max(1e-3) * 1e3);
+    Ok((comm.rank() == 0).then_some((small, gbps, reduce_gbps)))
 }
 
 /// Ping-pong and streaming between rank 0 and `peer`; every rank takes part

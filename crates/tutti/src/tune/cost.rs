@@ -61,10 +61,27 @@ pub struct CostModel {
     /// (publish, one flag transfer, the op's software path), microseconds.
     #[serde(default = "default_mailbox_us")]
     pub mailbox_us: f64,
+    /// Rate at which a rank copies its contribution into its mailbox slot
+    /// and reads its peers' out of theirs, GB/s: the slots are small and
+    /// stay in cache, so this is faster than the rings' streaming rate.
+    #[serde(default = "default_mailbox_gbps")]
+    pub mailbox_gbps: f64,
+    /// Rate at which a rank reduces its peers' contributions straight out
+    /// of their mailbox slots, GB/s of incoming data.
+    #[serde(default = "default_mailbox_reduce_gbps")]
+    pub mailbox_reduce_gbps: f64,
 }
 
 fn default_mailbox_us() -> f64 {
     0.2
+}
+
+fn default_mailbox_gbps() -> f64 {
+    40.0
+}
+
+fn default_mailbox_reduce_gbps() -> f64 {
+    40.0
 }
 
 impl Default for CostModel {
@@ -88,6 +105,8 @@ impl Default for CostModel {
             copy_gbps: 12.0,
             step_us: 0.05,
             mailbox_us: default_mailbox_us(),
+            mailbox_gbps: default_mailbox_gbps(),
+            mailbox_reduce_gbps: default_mailbox_reduce_gbps(),
         }
     }
 }
@@ -106,8 +125,8 @@ impl CostModel {
 /// Predicted time of the direct algorithm over mailboxes
 /// ([`crate::transport::mailbox`]): `mailbox_us`, then the largest
 /// contribution copied into its slot, then the most any rank reads out of
-/// the peers' slots (reducing, or copying), each byte once, at the shared
-/// memory rate. `None` if the call does not fit a slot.
+/// the peers' slots, each byte once: copying at `mailbox_gbps`, reducing
+/// at `mailbox_reduce_gbps`. `None` if the call does not fit a slot.
 pub fn predict_mailbox(model: &CostModel, p: &Problem, elem: usize) -> Option<f64> {
     use crate::algo::Collective as C;
     let n = p.nranks;
@@ -125,8 +144,12 @@ pub fn predict_mailbox(model: &CostModel, p: &Problem, elem: usize) -> Option<f6
         C::Barrier => (0.0, false),
         C::AllToAllV | C::Send { .. } | C::Recv { .. } => return None,
     };
-    let g = model.shm.gbps;
-    let rg = if reduces { g.min(model.reduce_gbps) } else { g };
+    let g = model.mailbox_gbps;
+    let rg = if reduces {
+        model.mailbox_reduce_gbps
+    } else {
+        g
+    };
     Some(model.mailbox_us + publish / g / 1e3 + read / rg / 1e3)
 }
 

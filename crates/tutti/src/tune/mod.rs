@@ -372,6 +372,32 @@ mod tests {
     use crate::algo::Collective;
 
     #[test]
+    fn mailbox_priced_at_its_own_rates() {
+        // 2 ranks, 8 KiB per rank: the mailboxes copy at `mailbox_gbps`
+        // and reduce at `mailbox_reduce_gbps`, not at the rings' rates.
+        let ctx = TuneCtx::single_host(2);
+        let m = ctx.model;
+        let (b, us) = (8192.0, m.mailbox_us);
+        let ag = Problem::new(Collective::AllGather, 2, 0, 2048);
+        let ar = Problem::new(Collective::AllReduce, 2, 0, 2048);
+        let got = cost::predict_mailbox(&m, &ag, 4).unwrap();
+        assert!(
+            (got - (us + 2.0 * b / m.mailbox_gbps / 1e3)).abs() < 1e-9,
+            "{got}"
+        );
+        let got = cost::predict_mailbox(&m, &ar, 4).unwrap();
+        let want = us + b / m.mailbox_gbps / 1e3 + b / m.mailbox_reduce_gbps / 1e3;
+        assert!((got - want).abs() < 1e-9, "{got} {want}");
+        // The tuner follows the rates: slow mailbox copies send a 32 KiB
+        // AllGather through the rings.
+        let p = Problem::new(Collective::AllGather, 2, 0, 4096);
+        assert_eq!(choose_with(&p, 4, &ctx).algorithm, Algorithm::Direct);
+        let mut slow = ctx.clone();
+        slow.model.mailbox_gbps = 1.0;
+        assert_ne!(choose_with(&p, 4, &slow).algorithm, Algorithm::Direct);
+    }
+
+    #[test]
     fn parse_override() {
         let o = AlgoOverride::parse("ring").unwrap();
         assert_eq!(o.get(CollKind::AllGather), Some(Algorithm::Ring));
