@@ -135,6 +135,21 @@ pub(crate) fn cpu_slices(cpus: &[usize], n: usize) -> Vec<Vec<usize>> {
         .collect()
 }
 
+/// Whether `tutti perf -n N` and `tutti topo -n N` bind their ranks, given
+/// `TUTTI_BIND`: `core` always, `none` never, and by default as mpirun
+/// does: bound when every rank gets a CPU of its own (placement then does
+/// not change from run to run), left to the scheduler when ranks outnumber
+/// CPUs. Pinning two ranks to one CPU keeps the scheduler from moving a
+/// rank that has work onto the CPU whose rank waits, and favours whichever
+/// algorithm happens to pair ranks across CPUs.
+fn bench_binds(nranks: usize, env: Option<&str>) -> bool {
+    match env.map(str::trim) {
+        Some("none") => false,
+        Some("core") => true,
+        _ => nranks <= allowed_cpus().len().max(1),
+    }
+}
+
 /// Environment variables that mean "this process is a rank started by a launcher".
 pub(crate) const LAUNCHER_RANK_VARS: [&str; 4] =
     ["TUTTI_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"];
@@ -176,9 +191,7 @@ pub(crate) fn relaunch_self(nranks: usize, extra: &str) -> Result<i32, String> {
         rank0_direct: true,
         grace: Duration::from_secs(2),
         master_port: None,
-        // Benchmarks bind, as mpirun does: placement then does not change
-        // from run to run (TUTTI_BIND=none turns it off).
-        bind: std::env::var("TUTTI_BIND").map_or(true, |v| v != "none"),
+        bind: bench_binds(nranks, std::env::var("TUTTI_BIND").ok().as_deref()),
     };
     run(&job).map_err(|e| e.to_string())
 }
@@ -621,7 +634,16 @@ mod tests {
 
 #[cfg(test)]
 mod bind_tests {
-    use super::cpu_slices;
+    use super::{allowed_cpus, bench_binds, cpu_slices};
+
+    #[test]
+    fn benchmarks_bind_only_where_every_rank_has_a_cpu() {
+        let cpus = allowed_cpus().len().max(1);
+        assert!(bench_binds(cpus, None));
+        assert!(!bench_binds(cpus + 1, None));
+        assert!(bench_binds(cpus + 1, Some("core")));
+        assert!(!bench_binds(1, Some("none")));
+    }
 
     #[test]
     fn slices_split_the_cpus_and_wrap_when_oversubscribed() {
