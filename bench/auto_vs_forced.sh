@@ -3,8 +3,9 @@
 # crates/tutti/examples/auto_vs_forced.rs under `tutti run -n N`. Every round
 # times Auto and then each algorithm forced per call, so drift and the ranks'
 # placement on cores affect all of them alike; the table shows medians over
-# rounds (us per call), what Auto picked (algorithm/chunks) and Auto's time
-# over the best forced algorithm's.
+# rounds (us per call), what Auto picked (algorithm/chunks), Auto's time
+# over the best forced algorithm's, and the picked algorithm's forced time
+# over the best (pick/best: the choice, apart from run-to-run noise).
 # Usage: bench/auto_vs_forced.sh N [COLL] [MIN] [MAX]
 #   env: AVF_ROUNDS (default 7), AVF_MS (timed ms per measurement, default 20)
 set -euo pipefail

@@ -3,8 +3,10 @@
 //! round times Auto and then each algorithm forced per call (`Options`), so
 //! that the machine's drift and the ranks' placement on cores hit all of
 //! them alike; the table shows the median over rounds of the time per call
-//! (max over ranks), the algorithm and chunk count Auto picked, and Auto's
-//! time over the best forced one.
+//! (max over ranks), the algorithm and chunk count Auto picked, Auto's
+//! time over the best forced one, and the picked algorithm's forced time
+//! over the best (the choice apart from the noise between two runs of one
+//! schedule; where Auto and its pick differ much, that noise is large).
 //!
 //! Environment: `AVF_COLL` (all_reduce, broadcast, reduce, all_gather,
 //! reduce_scatter; default all_reduce), `AVF_MIN`/`AVF_MAX` (bytes, default
@@ -88,7 +90,7 @@ fn main() -> tutti::Result<()> {
         for a in &algs {
             print!(" {:>9}", &a.name()[..a.name().len().min(9)]);
         }
-        println!(" {:>16} {:>9}", "best", "auto/best");
+        println!(" {:>16} {:>9} {:>9}", "best", "auto/best", "pick/best");
     }
     let mut bytes = min.max(4);
     while bytes <= max {
@@ -155,7 +157,18 @@ fn main() -> tutti::Result<()> {
             for v in &med[1..] {
                 print!(" {v:>9.2}");
             }
-            println!(" {:>16} {:>9.2}", algs[bi].name(), med[0] / best);
+            // The pick's own forced time over the best: how well Auto
+            // chose, apart from the noise between two runs of one schedule.
+            let picked = algs
+                .iter()
+                .position(|&a| a == pick.algorithm)
+                .map_or(f64::NAN, |i| med[1 + i] / best);
+            println!(
+                " {:>16} {:>9.2} {:>9.2}",
+                algs[bi].name(),
+                med[0] / best,
+                picked
+            );
         }
         bytes *= 4;
     }
