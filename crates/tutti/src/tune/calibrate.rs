@@ -189,8 +189,8 @@ fn measure_mailbox(comm: &Communicator) -> Result<Option<(f64, f64, f64)>> {
             recv_len: part,
             vcounts: None,
         };
-        // SAFETY: both buffers are borrowed for the call, `floats_out`
-        // exclusively; they do not overlap.
+        // The two vectors are separate allocations.
+        // SAFETY: both buffers are borrowed for the call, `floats_out` exclusively.
         unsafe { comm.run_raw(&c, &direct) }
     })?;
     // AllGather: each rank copies its part in and the n - 1 others out.
