@@ -137,8 +137,9 @@ impl Core {
         // buffer; slots hold MBOX_BYTES >= the contribution (`fits`); a
         // peer's slot is not rewritten before this rank starts its next op
         // (the mailbox reuse rule), and input and output do not overlap
-        // except for an in-place AllReduce, which reads its own part from
-        // its slot, not from the buffer it overwrites.
+        // except for an in-place AllReduce, which reads its own part where
+        // it is still intact: from the buffer on ranks 0 and 1 (each element
+        // is read before its sum is written there), else from its slot.
         // SAFETY: buffers, slots and kernel as just described.
         unsafe {
             let red = Reduction { k, s, b };
