@@ -63,7 +63,8 @@ pub struct CostModel {
     pub mailbox_us: f64,
     /// Rate at which a rank copies its contribution into its mailbox slot
     /// and reads its peers' out of theirs, GB/s: the slots are small and
-    /// stay in cache, so this is faster than the rings' streaming rate.
+    /// stay in cache, so where every rank has a core this is well above the
+    /// rings' streaming rate.
     #[serde(default = "default_mailbox_gbps")]
     pub mailbox_gbps: f64,
     /// Rate at which a rank reduces its peers' contributions straight out

@@ -129,7 +129,8 @@ pub struct TuneCtx {
     /// where every rank has a core, cores / ranks where a host runs more
     /// ranks than this machine has cores. Below 1, a hand-off between
     /// ranks is priced at no less than `mailbox_us`, and every byte a rank
-    /// moves or reduces at that share of the measured rates.
+    /// moves or reduces at that share of the measured rates (not the
+    /// mailboxes' own: those were measured with every rank at work).
     pub cpu_share: f64,
 }
 
