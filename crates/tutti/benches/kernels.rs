@@ -38,6 +38,19 @@ fn kernels(c: &mut Criterion) {
                 },
             );
         }
+        // In place (`dst == a`), as the rings and mailboxes accumulate.
+        g.throughput(Throughput::Bytes(bytes as u64));
+        g.bench_with_input(
+            BenchmarkId::new("f32_sum_in_place", bytes),
+            &bytes,
+            |bch, _| {
+                // SAFETY: both buffers hold `bytes` bytes; the output is `d` itself.
+                bch.iter(|| unsafe {
+                    let p = d.as_mut_ptr();
+                    reduce(DataType::F32, ReduceOp::Sum, p, p, b.as_ptr(), bytes)
+                })
+            },
+        );
     }
     g.finish();
 }
