@@ -1,6 +1,6 @@
 //! Mailboxes: small collectives in one shot among the ranks of one segment.
 //!
-//! Every local rank owns `SLOTS` (8) slots in the segment. In its k-th
+//! Every local rank owns `SLOTS` (16) slots in the segment. In its k-th
 //! mailbox op a rank writes what it contributes (nothing, for a rank that
 //! only receives) into slot `k % SLOTS`, then stores `k` in the slot's `seq` word (Release);
 //! the ranks that need it wait for that word (Acquire) and read the payload
@@ -10,9 +10,9 @@
 //! tail to move, no acknowledgement on the critical path.
 //!
 //! ```text
-//!  rank r's mailbox:  [ seq | meta | payload ......... ]  slot 0  (ops 8, 16, ...)
-//!                     [ seq | meta | payload ......... ]  slot 1  (ops 1, 9, ...)
-//!                     ...                                 slots 2 to 7
+//!  rank r's mailbox:  [ seq | meta | payload ......... ]  slot 0  (ops 16, 32, ...)
+//!                     [ seq | meta | payload ......... ]  slot 1  (ops 1, 17, ...)
+//!                     ...                                 slots 2 to 15
 //! ```
 //!
 //! `meta` holds the op's tag (collective, type, reduction, root) and count
@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 /// make to a mailbox op.
 pub(crate) const MBOX_BYTES: usize = 32 << 10;
 /// Slots per rank: how far a writer may run ahead of its readers, plus one.
-pub(crate) const SLOTS: usize = 8;
+pub(crate) const SLOTS: usize = 16;
 /// Polls of a peer's header before a receive takes the slow path (which
 /// polls on, then yields or sleeps): as many as [`super::Backoff`] spins
 /// before an oversubscribed rank yields.

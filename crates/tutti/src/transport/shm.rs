@@ -9,7 +9,7 @@
 //!
 //! ```text
 //! [ SegHeader | Doorbell x L | RingCtl x L*L | ring data x L*L (cap bytes each)
-//!   | mailbox slots x L*8 ]
+//!   | mailbox slots x L*16 ]
 //! ```
 //!
 //! The mailboxes carry small collectives in one shot (see
