@@ -141,12 +141,13 @@ pub(crate) fn cpu_slices(cpus: &[usize], n: usize) -> Vec<Vec<usize>> {
 /// not change from run to run), left to the scheduler when ranks outnumber
 /// CPUs. Pinning two ranks to one CPU keeps the scheduler from moving a
 /// rank that has work onto the CPU whose rank waits, and favours whichever
-/// algorithm happens to pair ranks across CPUs.
-fn bench_binds(nranks: usize, env: Option<&str>) -> bool {
+/// algorithm happens to pair ranks across CPUs. Any other value is an error.
+fn bench_binds(nranks: usize, env: Option<&str>) -> Result<bool, String> {
     match env.map(str::trim) {
-        Some("none") => false,
-        Some("core") => true,
-        _ => nranks <= allowed_cpus().len().max(1),
+        Some("none") => Ok(false),
+        Some("core") => Ok(true),
+        None | Some("") => Ok(nranks <= allowed_cpus().len().max(1)),
+        Some(v) => Err(format!("TUTTI_BIND={v:?}: use core or none")),
     }
 }
 
@@ -191,7 +192,7 @@ pub(crate) fn relaunch_self(nranks: usize, extra: &str) -> Result<i32, String> {
         rank0_direct: true,
         grace: Duration::from_secs(2),
         master_port: None,
-        bind: bench_binds(nranks, std::env::var("TUTTI_BIND").ok().as_deref()),
+        bind: bench_binds(nranks, std::env::var("TUTTI_BIND").ok().as_deref())?,
     };
     run(&job).map_err(|e| e.to_string())
 }
@@ -639,10 +640,12 @@ mod bind_tests {
     #[test]
     fn benchmarks_bind_only_where_every_rank_has_a_cpu() {
         let cpus = allowed_cpus().len().max(1);
-        assert!(bench_binds(cpus, None));
-        assert!(!bench_binds(cpus + 1, None));
-        assert!(bench_binds(cpus + 1, Some("core")));
-        assert!(!bench_binds(1, Some("none")));
+        assert_eq!(bench_binds(cpus, None), Ok(true));
+        assert_eq!(bench_binds(cpus + 1, None), Ok(false));
+        assert_eq!(bench_binds(cpus + 1, Some("core")), Ok(true));
+        assert_eq!(bench_binds(1, Some("none")), Ok(false));
+        let e = bench_binds(1, Some("yes")).unwrap_err();
+        assert!(e.contains("use core or none"), "{e}");
     }
 
     #[test]
