@@ -249,6 +249,21 @@ impl Communicator {
         Work::new(done, ())
     }
 
+    /// `coll` of `count` elements from `send` into `recv` with `opts`: the
+    /// typed calls' common path, for callers inside the crate that need a
+    /// collective and options no public method pairs (the calibration).
+    pub(crate) fn run_slices<T: Element>(
+        &self,
+        coll: Collective,
+        op: ReduceOp,
+        count: usize,
+        send: &[T],
+        recv: &mut [T],
+        opts: &Options,
+    ) -> Result<()> {
+        self.blocking(call(coll, op, count, send, recv), opts)
+    }
+
     fn blocking(&self, c: RawCall, opts: &Options) -> Result<()> {
         // SAFETY: every typed caller builds `c` from slices it borrows for
         // the duration of this call (shared for send, exclusive for recv).

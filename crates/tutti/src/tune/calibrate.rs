@@ -14,7 +14,7 @@ use crate::algo::Algorithm;
 use crate::comm::Options;
 use crate::error::Result;
 use crate::transport::mailbox::MBOX_BYTES;
-use crate::{Collective, Communicator, DataType, RawCall, ReduceOp};
+use crate::{Collective, Communicator, ReduceOp};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -163,35 +163,19 @@ fn measure_mailbox(comm: &Communicator) -> Result<Option<(f64, f64, f64)>> {
     })?;
     let gather = best_of(100, &mut |i| {
         mine[0] = i as u8; // every call's contribution differs
-        let c = RawCall {
-            coll: Collective::AllGather,
-            dtype: DataType::U8,
-            op: ReduceOp::Sum,
-            count: part,
-            send: mine.as_ptr(),
-            send_len: part,
-            recv: all.as_mut_ptr(),
-            recv_len: all.len(),
-            vcounts: None,
-        };
-        // SAFETY: both buffers are borrowed for the call, `all` exclusively.
-        unsafe { comm.run_raw(&c, &direct) }
+        let c = Collective::AllGather;
+        comm.run_slices(c, ReduceOp::Sum, part, &mine, &mut all, &direct)
     })?;
     let reduce = best_of(100, &mut |_| {
-        let c = RawCall {
-            coll: Collective::AllReduce,
-            dtype: DataType::F32,
-            op: ReduceOp::Sum,
-            count: part / 4,
-            send: floats_in.as_ptr() as *const u8,
-            send_len: part,
-            recv: floats_out.as_mut_ptr() as *mut u8,
-            recv_len: part,
-            vcounts: None,
-        };
-        // The two vectors are separate allocations.
-        // SAFETY: both buffers are borrowed for the call, `floats_out` exclusively.
-        unsafe { comm.run_raw(&c, &direct) }
+        let c = Collective::AllReduce;
+        comm.run_slices(
+            c,
+            ReduceOp::Sum,
+            part / 4,
+            &floats_in,
+            &mut floats_out,
+            &direct,
+        )
     })?;
     // AllGather: each rank copies its part in and the n - 1 others out.
     let gbps = (part * n) as f64 / ((gather - small).max(1e-3) * 1e3);
@@ -217,23 +201,14 @@ fn measure(comm: &Communicator, peer: usize) -> Result<Option<LinkCost>> {
             timeout: None,
         };
         let xfer = |buf: &mut [u8], send: bool| -> Result<()> {
-            let c = RawCall {
-                coll: if send {
-                    Collective::Send { peer: other }
-                } else {
-                    Collective::Recv { peer: other }
-                },
-                dtype: DataType::U8,
-                op: ReduceOp::Sum,
-                count: buf.len(),
-                send: buf.as_ptr(),
-                send_len: if send { buf.len() } else { 0 },
-                recv: buf.as_mut_ptr(),
-                recv_len: if send { 0 } else { buf.len() },
-                vcounts: None,
-            };
-            // SAFETY: the buffer is borrowed exclusively for the call.
-            unsafe { comm.run_raw(&c, &direct) }
+            let (n, sum) = (buf.len(), ReduceOp::Sum);
+            if send {
+                let c = Collective::Send { peer: other };
+                comm.run_slices(c, sum, n, buf, &mut [], &direct)
+            } else {
+                let c = Collective::Recv { peer: other };
+                comm.run_slices(c, sum, n, &[], buf, &direct)
+            }
         };
         // Minimums, not means: a busy machine only ever adds time.
         let mut best_rtt = f64::INFINITY;
