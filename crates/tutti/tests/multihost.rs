@@ -245,7 +245,8 @@ const LEVEL_SETTINGS: [&str; 2] = [
      all_gather:hierarchical(intra=direct,inter=halving_doubling),\
      reduce_scatter:hierarchical(intra=halving_doubling,inter=halving_doubling),\
      broadcast:hierarchical(intra=tree,inter=direct),\
-     reduce:hierarchical(intra=direct,inter=tree)",
+     reduce:hierarchical(intra=direct,inter=tree),\
+     all_to_all:hierarchical(intra=direct,inter=direct)",
     "all_reduce:hierarchical(inter=direct),\
      all_gather:hierarchical(intra=halving_doubling,inter=direct),\
      reduce_scatter:hierarchical(inter=halving_doubling),\

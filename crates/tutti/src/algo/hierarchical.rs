@@ -39,16 +39,24 @@
 //! | ReduceScatter | first: ReduceScatter whose unit is a column's H blocks, partial sums in scratch (per piece; ring, halving_doubling) | ReduceScatter of those partials (per piece; same two) |
 //! | Broadcast | from the rank in the root's column (ring = chain, tree, direct) | first, in the root's column only: from the root (same three) |
 //! | Reduce | first: towards the rank in the root's column, into scratch (ring = chain, tree, direct) | then in the root's column: towards the root (same three) |
+//! | AllToAll | first: AllToAll whose unit is a column's H pieces: each row peer gets what this rank has for its whole column; its own host's piece lands in Output, the others in scratch (per piece; direct) | AllToAll of those, L pieces per host, into Output (per piece; direct) |
 //!
-//! # Pipelining (AllReduce, AllGather, ReduceScatter)
+//! AllToAll moves the same bytes across hosts as a flat AllToAll, but each
+//! host's link carries L flows (one per column) instead of L x L (every
+//! rank of one host to every rank of the other): on the namespace cluster
+//! the fewer, larger TCP flows end a call with less of the link idle
+//! (`docs/algorithms.md`). The cost is one more pass over the data through
+//! shared memory, pipelined under the network step.
+//!
+//! # Pipelining (AllReduce, AllGather, ReduceScatter, AllToAll)
 //!
 //! Run one after the other, the phases leave the network idle while the
-//! host works on its shared-memory phases. So AllReduce, AllGather and
-//! ReduceScatter cut the data into `K` pieces (AllReduce: of the buffer;
-//! AllGather, ReduceScatter: the same range of every rank's block) and run
+//! host works on its shared-memory phases. So AllReduce, AllGather,
+//! ReduceScatter and AllToAll cut the data into `K` pieces (AllReduce: of
+//! the buffer; the others: the same range of every rank's block) and run
 //! the phases of one piece while the network carries another. `K` comes
 //! from the size: as many pieces as hold [`MIN_PIECE`] elements (counting
-//! the whole `n*c` of AllGather and ReduceScatter), at least 1 and at most
+//! the whole `n*c` of AllGather, ReduceScatter and AllToAll), at least 1 and at most
 //! [`MAX_PIECES`]; small calls have one piece and the unpipelined schedule.
 //! Every level choice is pipelined the same way; `Problem::chunks` still
 //! goes to the level algorithms (a tree level cuts each piece's step).
@@ -73,7 +81,8 @@
 //! all-gathers ([`LEAD`]): while `X(i+1)` is on the network, the host
 //! all-gathers piece `i` and reduce-scatters piece `i+2`, so the next network
 //! step finds its input ready. AllGather runs `X0 | X1 AG0 | ... | AG(K-1)`
-//! (the network step first), ReduceScatter `RS0 | RS1 X0 | ... | X(K-1)`.
+//! (the network step first), ReduceScatter and AllToAll
+//! `RS0 | RS1 X0 | ... | X(K-1)` (the row step first).
 //!
 //! Measured with `bench/cluster.sh --rph "2 4" --algos auto,ring,hierarchical
 //! --colls all_reduce --min 16M --max 64M` (2 namespace hosts, 1 Gbit/s tbf
@@ -418,13 +427,15 @@ fn flat(
 /// its step.
 pub(super) fn build(p: &Problem, levels: Levels) -> Option<Vec<Step>> {
     let whole = match p.coll {
-        Collective::AllGather | Collective::ReduceScatter => p.nranks * p.count,
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
+            p.nranks * p.count
+        }
         _ => p.count,
     };
     build_pieces(p, levels, pieces(whole))
 }
 
-/// [`build`], with AllReduce, AllGather and ReduceScatter cut into `k`
+/// [`build`], with AllReduce, AllGather, ReduceScatter and AllToAll cut into `k`
 /// pieces (at least 1) whatever their size: lets the verifier check the
 /// pipeline on small counts.
 pub(super) fn build_pieces(p: &Problem, levels: Levels, k: usize) -> Option<Vec<Step>> {
@@ -647,6 +658,95 @@ pub(super) fn build_pieces(p: &Problem, levels: Levels, k: usize) -> Option<Vec<
                     unit: 0,
                 };
                 sub.lay(&mut s, across);
+            }
+        }
+        Collective::AllToAll => {
+            // Piece i of every block, in two steps. Row: rank (h, l) gives
+            // each row peer (h, l') its pieces for the whole column l'
+            // (H of them, one per host); the piece for (h, l') itself lands
+            // in Output, the others in Scratch. Column: (h, l) sends host
+            // h' what the row gathered for (h', l), L pieces, which land
+            // in Output where their sources' blocks go. The network step of
+            // piece i runs while the row step of piece i + 1 uses the host.
+            let staged = |i: usize, hh: usize, j: usize| {
+                let pc = block(c, k, i);
+                // Scratch of piece i: (H - 1) x L pieces, other hosts only.
+                let x = if hh < my_h { hh } else { hh - 1 };
+                loc(
+                    Buf::Scratch,
+                    (h - 1) * l * pc.start + (x * l + j) * pc.len(),
+                )
+            };
+            let row_step = |s: &mut Vec<Step>, i: usize| -> Option<()> {
+                // Sub-block j: H pieces, piece hh for rank (hh, j).
+                let pc = block(c, k, i);
+                let steps = flat(levels.intra, p.coll, l, my_l, h * pc.len(), p)?;
+                let input = (0..l)
+                    .flat_map(|j| (0..h).map(move |hh| (j, hh)))
+                    .map(|(j, hh)| loc(Buf::Input, g.rows[hh][j] * c + pc.start))
+                    .collect();
+                // From row member j, piece hh: for (hh, my_l).
+                let output = (0..l)
+                    .flat_map(|j| (0..h).map(move |hh| (j, hh)))
+                    .map(|(j, hh)| {
+                        if hh == my_h {
+                            loc(Buf::Output, row[j] * c + pc.start)
+                        } else {
+                            staged(i, hh, j)
+                        }
+                    })
+                    .collect();
+                let sub = Sub {
+                    members: &row,
+                    input: Place::Pieces(input),
+                    output: Place::Pieces(output),
+                    scratch: scr(0),
+                    unit: pc.len(),
+                };
+                sub.lay(s, steps);
+                Some(())
+            };
+            let col_step = |s: &mut Vec<Step>, i: usize| -> Option<()> {
+                // Sub-block j: L pieces, piece j' from rank (my_h, j') for
+                // rank (j, my_l); this host's own block is already in
+                // Output, so its copy is dropped.
+                let pc = block(c, k, i);
+                let steps = flat(levels.inter, p.coll, h, my_h, l * pc.len(), p)?;
+                let at = |hh: usize, j: usize| {
+                    if hh == my_h {
+                        loc(Buf::Output, g.rows[hh][j] * c + pc.start)
+                    } else {
+                        staged(i, hh, j)
+                    }
+                };
+                let input = (0..h)
+                    .flat_map(|hh| (0..l).map(move |j| (hh, j)))
+                    .map(|(hh, j)| at(hh, j))
+                    .collect();
+                let output = (0..h)
+                    .flat_map(|hh| (0..l).map(move |j| (hh, j)))
+                    .map(|(hh, j)| loc(Buf::Output, g.rows[hh][j] * c + pc.start))
+                    .collect();
+                let sub = Sub {
+                    members: &col,
+                    input: Place::Pieces(input),
+                    output: Place::Pieces(output),
+                    scratch: scr(0),
+                    unit: pc.len(),
+                };
+                let mut laid = Vec::new();
+                sub.lay(&mut laid, steps);
+                laid.retain(|st| !matches!(st, Step::Copy { src, dst, .. } if src == dst));
+                s.extend(laid);
+                Some(())
+            };
+            for stage in 0..=k {
+                if stage < k {
+                    row_step(&mut s, stage)?;
+                }
+                if stage >= 1 {
+                    col_step(&mut s, stage - 1)?;
+                }
             }
         }
         _ => return None,

@@ -8,7 +8,7 @@
 pub(crate) mod calibrate;
 pub mod cost;
 
-use crate::algo::{Algorithm, CollKind, Problem};
+use crate::algo::{Algorithm, CollKind, Collective, Problem};
 use crate::error::{Error, Result};
 pub use cost::{CostModel, LinkClass, LinkCost};
 use std::collections::BTreeMap;
@@ -292,16 +292,30 @@ pub fn rank_among(
 
 /// The algorithm (and chunk count) the cost model picks for `p`, with its
 /// predicted time.
+///
+/// Across hosts, a hierarchical schedule priced within [`HIER_SLACK`] of
+/// the cheapest flat one is taken instead: a host's link then carries
+/// messages of L ranks to L peers instead of L x L pairs of them, and the
+/// fewer, larger TCP flows leave the link less idle where a call ends
+/// (the cost model sees bytes and ports, not flows).
 pub fn choose_with(p: &Problem, elem: usize, ctx: &TuneCtx) -> Choice {
-    rank_algorithms(p, elem, ctx)
-        .first()
-        .copied()
-        .unwrap_or(Choice {
+    let v = rank_algorithms(p, elem, ctx);
+    let Some(&best) = v.first() else {
+        return Choice {
             algorithm: choose(p, p.count * elem),
             chunks: 1,
             us: f64::NAN,
-        })
+        };
+    };
+    v.iter()
+        .find(|c| c.algorithm.is_hierarchical() && c.us <= best.us * (1.0 + HIER_SLACK))
+        .copied()
+        .unwrap_or(best)
 }
+
+/// How much dearer (as a fraction) a hierarchical schedule may be priced
+/// than the cheapest flat one and still be chosen (see [`choose_with`]).
+pub const HIER_SLACK: f64 = 0.02;
 
 /// Picks the algorithm for `p`: the per-call choice, else `TUTTI_ALGO`, else
 /// the cost model; the chunk count is the cost model's best for the
@@ -339,7 +353,19 @@ pub(crate) fn select(
         }
         return Ok(forced(a));
     }
-    if let Some(a) = env.per_coll.get(&kind) {
+    // `all_to_all:` also covers AllToAllV: an algorithm that does only the
+    // plain AllToAll (hierarchical) leaves AllToAllV calls to the tuner.
+    let only_plain = |a: Algorithm| {
+        p.coll == Collective::AllToAllV
+            && a.build(&Problem {
+                coll: Collective::AllToAll,
+                count: 0,
+                vcounts: None,
+                ..p.clone()
+            })
+            .is_some()
+    };
+    if let Some(a) = env.per_coll.get(&kind).filter(|&&a| !only_plain(a)) {
         if !implements(*a) {
             return Err(Error::Config(format!(
                 "TUTTI_ALGO forces {a} for {kind}, which it does not implement"
@@ -545,6 +571,70 @@ mod tests {
             eprintln!("{hosts}x{l}: {v:?}");
             assert!(v[0].algorithm.is_hierarchical(), "{v:?}");
         }
+    }
+
+    /// A large AllToAll across hosts: hierarchical moves the same bytes
+    /// over the network as a flat one (plus a pipelined shared-memory pass),
+    /// so the model prices the two within a few percent; the slack takes
+    /// the hierarchical one. On one host nothing hierarchical is priced.
+    #[test]
+    fn hierarchical_all_to_all_within_slack() {
+        use crate::algo::{Level, Levels};
+        let host_of: Vec<usize> = (0..8).map(|r| r / 4).collect();
+        let ctx = TuneCtx {
+            model: CostModel {
+                tcp: LinkCost {
+                    alpha_us: 30.0,
+                    gbps: 0.12,
+                },
+                ..CostModel::default()
+            },
+            host_of,
+            threads: false,
+            tcp_only: false,
+            deterministic: false,
+            mailbox: false,
+            cpu_share: 1.0,
+        };
+        // 16 MiB of f32 per rank: 512 Ki elements per block.
+        let mut p = Problem::new(Collective::AllToAll, 8, 0, 512 << 10);
+        p.hosts = ctx.hosts();
+        let v = rank_algorithms(&p, 4, &ctx);
+        let flat = v.iter().find(|c| !c.algorithm.is_hierarchical()).unwrap();
+        let hier = Algorithm::Hierarchical(Levels {
+            intra: Level::Direct,
+            inter: Level::Direct,
+        });
+        let h = v.iter().find(|c| c.algorithm == hier).unwrap();
+        assert!(h.us <= flat.us * (1.0 + HIER_SLACK), "{v:?}");
+        assert_eq!(choose_with(&p, 4, &ctx).algorithm, hier, "{v:?}");
+        // Only hierarchical (intra=direct, inter=direct) does AllToAll.
+        assert_eq!(
+            v.iter().filter(|c| c.algorithm.is_hierarchical()).count(),
+            1,
+            "{v:?}"
+        );
+        let one = TuneCtx::single_host(8);
+        let q = Problem::new(Collective::AllToAll, 8, 0, 512 << 10);
+        assert!(!choose_with(&q, 4, &one).algorithm.is_hierarchical());
+        // Forced for all_to_all, it runs AllToAll and leaves AllToAllV
+        // (which it does not do) to the tuner; an algorithm that does
+        // neither is still an error.
+        let f32 = crate::DataType::F32;
+        let o = AlgoOverride::parse(&format!("all_to_all:{}", hier.name())).unwrap();
+        assert_eq!(select(&p, f32, None, &o, &ctx).unwrap().algorithm, hier);
+        let mut pv = p.clone();
+        pv.coll = Collective::AllToAllV;
+        pv.vcounts = Some(crate::algo::VCounts {
+            send_counts: vec![1; 8],
+            send_displs: (0..8).collect(),
+            recv_counts: vec![1; 8],
+            recv_displs: (0..8).collect(),
+        });
+        let got = select(&pv, f32, None, &o, &ctx).unwrap().algorithm;
+        assert!(!got.is_hierarchical(), "{got}");
+        let o = AlgoOverride::parse("all_to_all:ring").unwrap();
+        assert!(select(&pv, f32, None, &o, &ctx).is_err());
     }
 
     #[test]

@@ -440,6 +440,7 @@ fn hierarchical_implements(lv: Levels, k: CollKind) -> bool {
         CollKind::AllGather => both(&[Ring, HalvingDoubling, Direct]),
         CollKind::ReduceScatter => both(&[Ring, HalvingDoubling, Direct]),
         CollKind::Broadcast | CollKind::Reduce => both(&[Ring, Tree, Direct]),
+        CollKind::AllToAll => both(&[Direct]),
         _ => false,
     }
 }
@@ -613,7 +614,7 @@ fn hierarchical_saves_network_bytes() {
     assert!(flat > hier, "flat {flat} hier {hier}");
 }
 
-/// Pipelined hierarchical AllReduce, AllGather and ReduceScatter: cut into
+/// Pipelined hierarchical AllReduce, AllGather, ReduceScatter and AllToAll: cut into
 /// `k` pieces (forced, so that small counts exercise it), every level
 /// choice, grids and interleaved layouts, counts with empty pieces and
 /// blocks, AllReduce in and out of place. The verifier runs without
@@ -635,6 +636,7 @@ fn hierarchical_pipelined() {
             Collective::AllReduce,
             Collective::AllGather,
             Collective::ReduceScatter,
+            Collective::AllToAll,
         ] {
             for count in [0, 1, 5, n * 3 + 1, 64] {
                 for lv in Levels::ALL {
