@@ -64,6 +64,8 @@ pub(crate) struct Scratchpad {
     sendq: Vec<VecDeque<u32>>,
     recvq: Vec<VecDeque<u32>>,
     peers: Vec<usize>,
+    /// The sockets a sleep waits on, kept between sleeps.
+    fds: Vec<libc::pollfd>,
 }
 
 fn resolve(b: &Buffers, l: Loc, len: usize, esz: usize) -> Result<*mut u8> {
@@ -425,8 +427,9 @@ fn check_liveness(env: &Env<'_>, pad: &Scratchpad) -> Result<()> {
     Ok(())
 }
 
-fn poll_sockets(env: &Env<'_>, pad: &Scratchpad, nap: Duration) {
-    let mut fds: Vec<libc::pollfd> = Vec::new();
+fn poll_sockets(env: &Env<'_>, pad: &mut Scratchpad, nap: Duration) {
+    let mut fds = std::mem::take(&mut pad.fds);
+    fds.clear();
     for &q in &pad.peers {
         if let Some(Link::Tcp(l)) = &env.links[q] {
             // Wait for the head messages: readable lanes for the incoming
@@ -441,14 +444,23 @@ fn poll_sockets(env: &Env<'_>, pad: &Scratchpad, nap: Duration) {
     }
     if fds.is_empty() {
         std::thread::sleep(nap.min(Duration::from_millis(1)));
-        return;
+    } else {
+        // ppoll, not poll: a nap shorter than a millisecond (while
+        // shared-memory peers are waited for too) stays that short.
+        let ts = libc::timespec {
+            tv_sec: nap.as_secs() as libc::time_t,
+            tv_nsec: nap.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: `fds` is a valid array of pollfd and `ts` a valid
+        // timespec for the duration of the call; no signal mask is passed.
+        unsafe {
+            libc::ppoll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                &ts,
+                std::ptr::null(),
+            );
+        }
     }
-    // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
-    unsafe {
-        libc::poll(
-            fds.as_mut_ptr(),
-            fds.len() as libc::nfds_t,
-            nap.as_millis().max(1) as i32,
-        );
-    }
+    pad.fds = fds;
 }

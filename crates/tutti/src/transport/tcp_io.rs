@@ -578,15 +578,23 @@ impl Sink for Staging<'_> {
 fn io_thread(sh: &Shared, mut sides: Vec<Side>) {
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(1 + 2 * sides.len() * 8);
     let mut backoff = super::Backoff::new(sh.spin);
+    let mut was_busy = false;
     loop {
         let kick = sh.kick.load(Ordering::SeqCst);
         if sh.stop.load(Ordering::Acquire) {
             return;
         }
         let mut moved = false;
+        let mut busy = false;
         for (s, p) in sides.iter_mut().zip(&sh.ports) {
             moved |= s.step(p);
+            busy |= s.tx_on || s.rx_on;
         }
+        if busy && !was_busy {
+            // The first job after an idle spell: a new wait, the full spin.
+            backoff.restore();
+        }
+        was_busy = busy;
         if moved {
             shm::notify(sh.bell.get());
             backoff.reset();
