@@ -668,38 +668,35 @@ pub(super) fn build_pieces(p: &Problem, levels: Levels, k: usize) -> Option<Vec<
             // h' what the row gathered for (h', l), L pieces, which land
             // in Output where their sources' blocks go. The network step of
             // piece i runs while the row step of piece i + 1 uses the host.
-            let staged = |i: usize, hh: usize, j: usize| {
+            // Where piece i of the block from (my_h, j) for (hh, my_l) waits
+            // between the steps: in Output if hh is this host (its place
+            // for good), else in scratch, (H - 1) x L pieces per piece.
+            let at = |i: usize, hh: usize, j: usize| {
                 let pc = block(c, k, i);
-                // Scratch of piece i: (H - 1) x L pieces, other hosts only.
+                if hh == my_h {
+                    return loc(Buf::Output, row[j] * c + pc.start);
+                }
                 let x = if hh < my_h { hh } else { hh - 1 };
                 loc(
                     Buf::Scratch,
                     (h - 1) * l * pc.start + (x * l + j) * pc.len(),
                 )
             };
+            // (a, b) for a in 0..x, b in 0..y: the order of sub-pieces.
+            let pairs = |x: usize, y: usize| (0..x).flat_map(move |a| (0..y).map(move |b| (a, b)));
             let row_step = |s: &mut Vec<Step>, i: usize| -> Option<()> {
-                // Sub-block j: H pieces, piece hh for rank (hh, j).
+                // Sub-block j: H pieces, piece hh for rank (hh, j); from row
+                // member j, piece hh is for (hh, my_l).
                 let pc = block(c, k, i);
                 let steps = flat(levels.intra, p.coll, l, my_l, h * pc.len(), p)?;
-                let input = (0..l)
-                    .flat_map(|j| (0..h).map(move |hh| (j, hh)))
-                    .map(|(j, hh)| loc(Buf::Input, g.rows[hh][j] * c + pc.start))
-                    .collect();
-                // From row member j, piece hh: for (hh, my_l).
-                let output = (0..l)
-                    .flat_map(|j| (0..h).map(move |hh| (j, hh)))
-                    .map(|(j, hh)| {
-                        if hh == my_h {
-                            loc(Buf::Output, row[j] * c + pc.start)
-                        } else {
-                            staged(i, hh, j)
-                        }
-                    })
-                    .collect();
                 let sub = Sub {
                     members: &row,
-                    input: Place::Pieces(input),
-                    output: Place::Pieces(output),
+                    input: Place::Pieces(
+                        pairs(l, h)
+                            .map(|(j, hh)| loc(Buf::Input, g.rows[hh][j] * c + pc.start))
+                            .collect(),
+                    ),
+                    output: Place::Pieces(pairs(l, h).map(|(j, hh)| at(i, hh, j)).collect()),
                     scratch: scr(0),
                     unit: pc.len(),
                 };
@@ -707,30 +704,19 @@ pub(super) fn build_pieces(p: &Problem, levels: Levels, k: usize) -> Option<Vec<
                 Some(())
             };
             let col_step = |s: &mut Vec<Step>, i: usize| -> Option<()> {
-                // Sub-block j: L pieces, piece j' from rank (my_h, j') for
-                // rank (j, my_l); this host's own block is already in
-                // Output, so its copy is dropped.
+                // Sub-block hh: L pieces, piece j from rank (my_h, j) for
+                // rank (hh, my_l); this host's own block is already in
+                // Output, so its copy (onto itself) is dropped.
                 let pc = block(c, k, i);
                 let steps = flat(levels.inter, p.coll, h, my_h, l * pc.len(), p)?;
-                let at = |hh: usize, j: usize| {
-                    if hh == my_h {
-                        loc(Buf::Output, g.rows[hh][j] * c + pc.start)
-                    } else {
-                        staged(i, hh, j)
-                    }
-                };
-                let input = (0..h)
-                    .flat_map(|hh| (0..l).map(move |j| (hh, j)))
-                    .map(|(hh, j)| at(hh, j))
-                    .collect();
-                let output = (0..h)
-                    .flat_map(|hh| (0..l).map(move |j| (hh, j)))
-                    .map(|(hh, j)| loc(Buf::Output, g.rows[hh][j] * c + pc.start))
-                    .collect();
                 let sub = Sub {
                     members: &col,
-                    input: Place::Pieces(input),
-                    output: Place::Pieces(output),
+                    input: Place::Pieces(pairs(h, l).map(|(hh, j)| at(i, hh, j)).collect()),
+                    output: Place::Pieces(
+                        pairs(h, l)
+                            .map(|(hh, j)| loc(Buf::Output, g.rows[hh][j] * c + pc.start))
+                            .collect(),
+                    ),
                     scratch: scr(0),
                     unit: pc.len(),
                 };

@@ -357,6 +357,7 @@ pub(crate) fn select(
     // plain AllToAll (hierarchical) leaves AllToAllV calls to the tuner.
     let only_plain = |a: Algorithm| {
         p.coll == Collective::AllToAllV
+            && !implements(a)
             && a.build(&Problem {
                 coll: Collective::AllToAll,
                 count: 0,
@@ -635,6 +636,10 @@ mod tests {
         assert!(!got.is_hierarchical(), "{got}");
         let o = AlgoOverride::parse("all_to_all:ring").unwrap();
         assert!(select(&pv, f32, None, &o, &ctx).is_err());
+        // One that does both runs both.
+        let o = AlgoOverride::parse("all_to_all:pairwise").unwrap();
+        let got = select(&pv, f32, None, &o, &ctx).unwrap().algorithm;
+        assert_eq!(got, Algorithm::Pairwise);
     }
 
     #[test]
