@@ -399,6 +399,30 @@ mod tests {
     use super::*;
     use crate::algo::Collective;
 
+    /// `hosts` hosts of `l` ranks each (rank r on host r / l), priced with `model`.
+    fn grid_ctx(hosts: usize, l: usize, model: CostModel) -> TuneCtx {
+        TuneCtx {
+            model,
+            host_of: (0..hosts * l).map(|r| r / l).collect(),
+            threads: false,
+            tcp_only: false,
+            deterministic: false,
+            mailbox: false,
+            cpu_share: 1.0,
+        }
+    }
+
+    /// The default model with 1 Gbit/s-like TCP links.
+    fn gbit_model() -> CostModel {
+        CostModel {
+            tcp: LinkCost {
+                alpha_us: 30.0,
+                gbps: 0.12,
+            },
+            ..CostModel::default()
+        }
+    }
+
     #[test]
     fn mailbox_priced_at_its_own_rates() {
         // 2 ranks, 8 KiB per rank: the mailboxes copy at `mailbox_gbps`
@@ -489,22 +513,7 @@ mod tests {
         assert!(v.iter().all(|c| !c.algorithm.is_hierarchical()), "{v:?}");
         // 4 hosts x 2 ranks on 1 Gbit/s links: every AllReduce variant
         // (intra=ring) is priced.
-        let host_of: Vec<usize> = (0..8).map(|r| r / 2).collect();
-        let ctx = TuneCtx {
-            model: CostModel {
-                tcp: LinkCost {
-                    alpha_us: 30.0,
-                    gbps: 0.12,
-                },
-                ..CostModel::default()
-            },
-            host_of,
-            threads: false,
-            tcp_only: false,
-            deterministic: false,
-            mailbox: false,
-            cpu_share: 1.0,
-        };
+        let ctx = grid_ctx(4, 2, gbit_model());
         for count in [16usize, 1 << 20] {
             let mut p = Problem::new(Collective::AllReduce, 8, 0, count);
             p.hosts = ctx.hosts();
@@ -556,16 +565,7 @@ mod tests {
     #[test]
     fn hierarchical_wins_across_hosts() {
         for (hosts, l) in [(2usize, 2usize), (2, 4)] {
-            let host_of: Vec<usize> = (0..hosts * l).map(|r| r / l).collect();
-            let ctx = TuneCtx {
-                model: CostModel::default(),
-                host_of,
-                threads: false,
-                tcp_only: false,
-                deterministic: false,
-                mailbox: false,
-                cpu_share: 1.0,
-            };
+            let ctx = grid_ctx(hosts, l, CostModel::default());
             let mut p = Problem::new(Collective::AllReduce, hosts * l, 0, 4 << 20);
             p.hosts = ctx.hosts();
             let v = rank_algorithms(&p, 4, &ctx);
@@ -581,22 +581,7 @@ mod tests {
     #[test]
     fn hierarchical_all_to_all_within_slack() {
         use crate::algo::{Level, Levels};
-        let host_of: Vec<usize> = (0..8).map(|r| r / 4).collect();
-        let ctx = TuneCtx {
-            model: CostModel {
-                tcp: LinkCost {
-                    alpha_us: 30.0,
-                    gbps: 0.12,
-                },
-                ..CostModel::default()
-            },
-            host_of,
-            threads: false,
-            tcp_only: false,
-            deterministic: false,
-            mailbox: false,
-            cpu_share: 1.0,
-        };
+        let ctx = grid_ctx(2, 4, gbit_model());
         // 16 MiB of f32 per rank: 512 Ki elements per block.
         let mut p = Problem::new(Collective::AllToAll, 8, 0, 512 << 10);
         p.hosts = ctx.hosts();
