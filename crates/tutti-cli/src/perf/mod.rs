@@ -380,11 +380,24 @@ fn settle<T: Val>(
     kind: CollKind,
     count: usize,
 ) -> tutti::Result<()> {
-    let mut b = Bench::<T>::new(comm, kind, plan.root, count, plan.op, false, plan.opts);
-    b.fill();
-    let first = all_max(comm, time_calls(&mut b, 1)?)?;
+    let (mut b, first) = first_call::<T>(comm, plan, kind, count, false)?;
     let k = ((SETTLE_SECS / first.max(1e-9)) as usize).clamp(1, SETTLE_MAX);
     b.run_n(k)
+}
+
+/// A filled bench and the time of its first call (max over ranks); that
+/// call also faults the fresh buffers in, so it is a warm-up call.
+fn first_call<'c, T: Val>(
+    comm: &'c Communicator,
+    plan: &Plan,
+    kind: CollKind,
+    count: usize,
+    in_place: bool,
+) -> tutti::Result<(Bench<'c, T>, f64)> {
+    let mut b = Bench::<T>::new(comm, kind, plan.root, count, plan.op, in_place, plan.opts);
+    b.fill();
+    let first = all_max(comm, time_calls(&mut b, 1)?)?;
+    Ok((b, first))
 }
 
 fn measure<T: Val>(
@@ -394,10 +407,7 @@ fn measure<T: Val>(
     count: usize,
     in_place: bool,
 ) -> tutti::Result<Meas> {
-    let mut b = Bench::<T>::new(comm, kind, plan.root, count, plan.op, in_place, plan.opts);
-    b.fill();
-    // The first call also faults the fresh buffers in; it is a warm-up call.
-    let first = all_max(comm, time_calls(&mut b, 1)?)?;
+    let (mut b, first) = first_call::<T>(comm, plan, kind, count, in_place)?;
     let more = plan.warmup.for_estimate(first).saturating_sub(1);
     let est = if more > 0 {
         all_max(comm, time_calls(&mut b, more)?)?

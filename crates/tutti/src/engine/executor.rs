@@ -233,7 +233,7 @@ fn run(
                 return Ok(());
             }
             if found {
-                backoff.rearm();
+                backoff.reset();
             }
         }
     }

@@ -116,19 +116,12 @@ impl Backoff {
         }
     }
 
-    /// Something moved: poll afresh (a few rounds only, once the spin time
-    /// has run out).
+    /// Something moved, or a sleep woke with work to do: poll afresh (a
+    /// few rounds only, once the spin time has run out).
     #[inline]
     pub(crate) fn reset(&mut self) {
         self.idle = 0;
         self.since = None;
-    }
-
-    /// Woken from a sleep with work to do: poll a few rounds again, but
-    /// sleep again soon if they find nothing.
-    #[inline]
-    pub(crate) fn rearm(&mut self) {
-        self.idle = 0;
     }
 
     /// A new wait begins (a long-lived loop, between ops): the full spin
