@@ -112,6 +112,7 @@ pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate
             let most = per_host.values().copied().max().unwrap_or(1).max(1);
             (crate::transport::sys::online_cpus() as f64 / most as f64).min(1.0)
         },
+        ring_bytes: config.ring_bytes,
     }
 }
 

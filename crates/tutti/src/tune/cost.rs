@@ -164,18 +164,47 @@ pub fn predict(
     elem: usize,
     class: &dyn Fn(usize, usize) -> LinkClass,
 ) -> Option<f64> {
-    let n = p.nranks;
-    let mut scheds = Vec::with_capacity(n);
-    for r in 0..n {
-        let mut q = p.clone();
-        q.rank = r;
-        if q.vcounts.is_some() && r != p.rank {
-            // Other ranks' AllToAllV counts are unknown here: assume this rank's shape.
-            return predict_one(model, p, alg, elem, class);
-        }
-        scheds.push(alg.build(&q)?);
+    if p.vcounts.is_some() && p.nranks > 1 {
+        // Other ranks' AllToAllV counts are unknown here: assume this rank's shape.
+        return predict_one(model, p, alg, elem, class);
     }
+    let scheds = schedules(p, alg)?;
     Some(simulate(model, &scheds, elem, class, p.hosts.as_deref()))
+}
+
+/// Every rank's schedule of `p` (one [`Problem`] per rank derived from `p`).
+fn schedules(p: &Problem, alg: Algorithm) -> Option<Vec<Schedule>> {
+    (0..p.nranks)
+        .map(|r| {
+            alg.build(&Problem {
+                rank: r,
+                ..p.clone()
+            })
+        })
+        .collect()
+}
+
+/// The hand-offs on the critical path of `alg` on `p`, in microseconds:
+/// the schedule's time when a message costs only its `alpha`, plus one
+/// more per `ring_bytes` of it (a sender that fills its ring waits for the
+/// receiver to drain it), and local work is free. `None` if `alg` does
+/// not implement the collective.
+pub fn handoffs(
+    model: &CostModel,
+    p: &Problem,
+    alg: Algorithm,
+    elem: usize,
+    class: &dyn Fn(usize, usize) -> LinkClass,
+    ring_bytes: usize,
+) -> Option<f64> {
+    let scheds = schedules(p, alg)?;
+    let mut lat = *model;
+    let per_handoff = ring_bytes.max(1) as f64 / 1e3;
+    lat.shm.gbps = per_handoff / lat.shm.alpha_us.max(1e-3);
+    lat.local.gbps = per_handoff / lat.local.alpha_us.max(1e-3);
+    lat.copy_gbps = f64::INFINITY;
+    lat.reduce_gbps = f64::INFINITY;
+    Some(simulate(&lat, &scheds, elem, class, None))
 }
 
 /// A cheaper estimate from `p.rank`'s schedule alone, assuming every peer is

@@ -132,6 +132,11 @@ pub struct TuneCtx {
     /// moves or reduces at that share of the measured rates (not the
     /// mailboxes' own: those were measured with every rank at work).
     pub cpu_share: f64,
+    /// Bytes of each shared-memory ring between two ranks
+    /// ([`Config::ring_bytes`](crate::Config::ring_bytes)): where ranks
+    /// share cores, a sender that fills the ring waits for its receiver to
+    /// run, so a message costs a hand-off per ring's worth of bytes.
+    pub ring_bytes: usize,
 }
 
 impl TuneCtx {
@@ -156,6 +161,7 @@ impl TuneCtx {
             deterministic: false,
             mailbox: n > 1,
             cpu_share: 1.0,
+            ring_bytes: crate::Config::default().ring_bytes,
         }
     }
 
@@ -215,7 +221,18 @@ fn price(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> Option<f64>
         model.reduce_gbps *= f;
     }
     if p.nranks <= SIMULATE_ALL_UP_TO {
-        cost::predict(&model, p, alg, elem, &class)
+        let t = cost::predict(&model, p, alg, elem, &class)?;
+        if ctx.cpu_share < 1.0 && p.hosts.is_none() && !ctx.tcp_only && p.vcounts.is_none() {
+            // The simulation charges each hand-off once, on the critical
+            // path. On a shared core, the wait is also a switch: the
+            // waiting rank sleeps and a peer is woken, and the core's other
+            // ranks wait their turn meanwhile. So each hand-off on the
+            // critical path costs 1/cpu_share - 1 more: the ring's 2(n-1)
+            // rounds against two-shot's 2 or halving-doubling's 2 log2(n).
+            let h = cost::handoffs(&model, p, alg, elem, &class, ctx.ring_bytes)?;
+            return Some(t + h * (1.0 / ctx.cpu_share - 1.0));
+        }
+        Some(t)
     } else {
         let mut q = p.clone();
         q.rank = 0;
@@ -409,6 +426,7 @@ mod tests {
             deterministic: false,
             mailbox: false,
             cpu_share: 1.0,
+            ring_bytes: 512 << 10,
         }
     }
 
@@ -653,5 +671,77 @@ mod tests {
             .unwrap();
             let _ = a; // integers are exact: any algorithm
         }
+    }
+
+    /// 4 ranks on 2 cores with a 3 us hand-off (as measured here), the
+    /// shared-memory rate halved per rank.
+    fn shared_ctx() -> TuneCtx {
+        let mut ctx = TuneCtx::single_host(4);
+        ctx.model.shm.alpha_us = 3.0;
+        ctx.model.mailbox_us = 3.0;
+        ctx.cpu_share = 0.5;
+        ctx
+    }
+
+    #[test]
+    fn handoffs_count_rounds_and_ring_fills() {
+        let ctx = shared_ctx();
+        let m = ctx.model;
+        let class = |a: usize, b: usize| ctx.class(a, b);
+        let rounds = |alg: Algorithm, bytes: usize| {
+            let p = Problem::new(Collective::AllReduce, 4, 0, bytes / 4);
+            cost::handoffs(&m, &p, alg, 4, &class, ctx.ring_bytes).unwrap() / m.shm.alpha_us
+        };
+        // 64 KiB: every message fits a ring.
+        let (ring, hd, two) = (
+            rounds(Algorithm::Ring, 64 << 10),
+            rounds(Algorithm::HalvingDoubling, 64 << 10),
+            rounds(Algorithm::TwoShot, 64 << 10),
+        );
+        // The ring's first send, then five forwards: each leaves one alpha
+        // after its receive began and arrives one alpha later.
+        assert!((10.5..11.5).contains(&ring), "ring {ring}");
+        assert!((3.9..4.5).contains(&hd), "halving-doubling {hd}");
+        assert!(two < 3.5, "two-shot {two}");
+        // 8 MiB: the ring's messages are 2 MiB, four rings' worth each.
+        let big = rounds(Algorithm::Ring, 8 << 20);
+        assert!(big > ring + 12.0, "{big} vs {ring}");
+    }
+
+    #[test]
+    fn sharing_cores_prices_the_rings_rounds() {
+        // At 128 KiB the ring's six rounds cost more than its bytes save.
+        let p = Problem::new(Collective::AllReduce, 4, 0, 32 << 10);
+        let shared = shared_ctx();
+        let ranked = rank_among(
+            &p,
+            4,
+            &shared,
+            &[
+                Algorithm::Ring,
+                Algorithm::HalvingDoubling,
+                Algorithm::TwoShot,
+            ],
+        );
+        assert_ne!(ranked[0].algorithm, Algorithm::Ring, "{ranked:?}");
+        // A core per rank: no extra cost, the ring is not dearer than before.
+        let own = TuneCtx {
+            cpu_share: 1.0,
+            ..shared.clone()
+        };
+        let price_of = |ctx: &TuneCtx, a| price(&p, 4, ctx, a).unwrap();
+        let extra = |a| {
+            price_of(&shared, a) - {
+                // The same simulation without the hand-off term: half rates, no switch cost.
+                let mut m = shared.model;
+                m.shm.gbps *= 0.5;
+                m.local.gbps *= 0.5;
+                m.copy_gbps *= 0.5;
+                m.reduce_gbps *= 0.5;
+                cost::predict(&m, &p, a, 4, &|x, y| shared.class(x, y)).unwrap()
+            }
+        };
+        assert!(extra(Algorithm::Ring) > 2.0 * extra(Algorithm::TwoShot));
+        assert!(price_of(&own, Algorithm::Ring) < price_of(&shared, Algorithm::Ring));
     }
 }
