@@ -229,6 +229,9 @@ fn price(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> Option<f64>
             // ranks wait their turn meanwhile. So each hand-off on the
             // critical path costs 1/cpu_share - 1 more: the ring's 2(n-1)
             // rounds against two-shot's 2 or halving-doubling's 2 log2(n).
+            // Only on one host, over shared memory: a TCP message's alpha
+            // is the network's, not a switch; and only where every rank's
+            // schedule is known (not AllToAllV).
             let h = cost::handoffs(&model, p, alg, elem, &class, ctx.ring_bytes)?;
             return Some(t + h * (1.0 / ctx.cpu_share - 1.0));
         }
