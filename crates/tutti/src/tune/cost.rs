@@ -172,8 +172,9 @@ pub fn predict(
     Some(simulate(model, &scheds, elem, class, p.hosts.as_deref()))
 }
 
-/// Every rank's schedule of `p` (one [`Problem`] per rank derived from `p`).
-fn schedules(p: &Problem, alg: Algorithm) -> Option<Vec<Schedule>> {
+/// Every rank's schedule of `p` (one [`Problem`] per rank derived from
+/// `p`), or `None` if `alg` does not implement the collective.
+pub fn schedules(p: &Problem, alg: Algorithm) -> Option<Vec<Schedule>> {
     (0..p.nranks)
         .map(|r| {
             alg.build(&Problem {
@@ -184,27 +185,41 @@ fn schedules(p: &Problem, alg: Algorithm) -> Option<Vec<Schedule>> {
         .collect()
 }
 
-/// The hand-offs on the critical path of `alg` on `p`, in microseconds:
-/// the schedule's time when a message costs only its `alpha`, plus one
-/// more per `ring_bytes` of it (a sender that fills its ring waits for the
-/// receiver to drain it), and local work is free. `None` if `alg` does
-/// not implement the collective.
-pub fn handoffs(
+/// [`predict`] plus `extra` times the hand-offs on the critical path
+/// ([`handoffs`]), from one build of every rank's schedule: the price where
+/// a host's ranks share cores (see `tune::price`). One host only.
+pub fn predict_shared(
     model: &CostModel,
     p: &Problem,
     alg: Algorithm,
     elem: usize,
     class: &dyn Fn(usize, usize) -> LinkClass,
     ring_bytes: usize,
+    extra: f64,
 ) -> Option<f64> {
     let scheds = schedules(p, alg)?;
+    let t = simulate(model, &scheds, elem, class, None);
+    Some(t + extra * handoffs(model, &scheds, elem, class, ring_bytes))
+}
+
+/// The hand-offs on the critical path of `scheds` (every rank's schedule,
+/// on one host), in microseconds: their time when a message costs only its
+/// `alpha`, plus one more per `ring_bytes` of it (a sender that fills its
+/// ring waits for the receiver to drain it), and local work is free.
+pub fn handoffs(
+    model: &CostModel,
+    scheds: &[Schedule],
+    elem: usize,
+    class: &dyn Fn(usize, usize) -> LinkClass,
+    ring_bytes: usize,
+) -> f64 {
     let mut lat = *model;
     let per_handoff = ring_bytes.max(1) as f64 / 1e3;
     lat.shm.gbps = per_handoff / lat.shm.alpha_us.max(1e-3);
     lat.local.gbps = per_handoff / lat.local.alpha_us.max(1e-3);
     lat.copy_gbps = f64::INFINITY;
     lat.reduce_gbps = f64::INFINITY;
-    Some(simulate(&lat, &scheds, elem, class, None))
+    simulate(&lat, scheds, elem, class, None)
 }
 
 /// A cheaper estimate from `p.rank`'s schedule alone, assuming every peer is

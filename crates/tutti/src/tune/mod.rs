@@ -221,7 +221,6 @@ fn price(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> Option<f64>
         model.reduce_gbps *= f;
     }
     if p.nranks <= SIMULATE_ALL_UP_TO {
-        let t = cost::predict(&model, p, alg, elem, &class)?;
         if ctx.cpu_share < 1.0 && p.hosts.is_none() && !ctx.tcp_only && p.vcounts.is_none() {
             // The simulation charges each hand-off once, on the critical
             // path. On a shared core, the wait is also a switch: the
@@ -232,10 +231,10 @@ fn price(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> Option<f64>
             // Only on one host, over shared memory: a TCP message's alpha
             // is the network's, not a switch; and only where every rank's
             // schedule is known (not AllToAllV).
-            let h = cost::handoffs(&model, p, alg, elem, &class, ctx.ring_bytes)?;
-            return Some(t + h * (1.0 / ctx.cpu_share - 1.0));
+            let extra = 1.0 / ctx.cpu_share - 1.0;
+            return cost::predict_shared(&model, p, alg, elem, &class, ctx.ring_bytes, extra);
         }
-        Some(t)
+        cost::predict(&model, p, alg, elem, &class)
     } else {
         let mut q = p.clone();
         q.rank = 0;
@@ -693,7 +692,8 @@ mod tests {
         let class = |a: usize, b: usize| ctx.class(a, b);
         let rounds = |alg: Algorithm, bytes: usize| {
             let p = Problem::new(Collective::AllReduce, 4, 0, bytes / 4);
-            cost::handoffs(&m, &p, alg, 4, &class, ctx.ring_bytes).unwrap() / m.shm.alpha_us
+            let scheds = cost::schedules(&p, alg).unwrap();
+            cost::handoffs(&m, &scheds, 4, &class, ctx.ring_bytes) / m.shm.alpha_us
         };
         // 64 KiB: every message fits a ring.
         let (ring, hd, two) = (
