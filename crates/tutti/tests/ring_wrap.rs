@@ -93,3 +93,38 @@ fn wrap_shm_direct_descriptor() {
         |c, _| exchange(c, &wrap_sizes()),
     );
 }
+
+/// A 64 KiB ring moves messages in 8 KiB pieces, publishing each as it
+/// goes: messages of many pieces, of a ring's length or a multiple of it
+/// (the sizes where the two sides used to run in lockstep), and ones whose
+/// pieces straddle the wrap point, copied and reduced (a reducing receive
+/// cuts its pieces at element boundaries), between processes.
+#[test]
+fn pieces_across_the_wrap() {
+    procs(
+        "pieces_across_the_wrap",
+        2,
+        Transport::Shm,
+        &[("TUTTI_SHM_RING_BYTES", "64K")],
+        |c, _| {
+            let sizes = [
+                65536usize, 131072, 8192, 8200, 70000, 65520, 196608, 12, 100_004,
+            ];
+            exchange(c, &sizes);
+            for (k, &bytes) in sizes.iter().enumerate() {
+                let n = bytes / 4;
+                let input: Vec<f32> = (0..n)
+                    .map(|i| ((i * 3 + k + c.rank()) % 97) as f32)
+                    .collect();
+                let mut out = vec![0f32; n];
+                c.all_reduce_into(&input, &mut out, tutti::ReduceOp::Sum)
+                    .expect("all_reduce");
+                let want = |i: usize| ((i * 3 + k) % 97 + (i * 3 + k + 1) % 97) as f32;
+                assert!(
+                    out.iter().enumerate().all(|(i, &v)| v == want(i)),
+                    "all_reduce of {bytes} bytes arrived wrong"
+                );
+            }
+        },
+    );
+}

@@ -33,6 +33,10 @@
 //! fails first withdraws it instead, so a buffer is never read after its
 //! owner has given up on the op (and may have freed it).
 //!
+//! A copied message moves in pieces of an eighth of the ring: the sender
+//! publishes `head` after each piece it writes and the receiver `tail`
+//! after each piece it takes, so the two copy at the same time.
+//!
 //! # Waiting
 //!
 //! A rank with nothing to do spins briefly, then sleeps on the futex in its
@@ -311,6 +315,17 @@ pub(crate) fn notify_fenced(bell: &Doorbell) {
     }
 }
 
+/// The most a sender writes (or a receiver takes) before it publishes its
+/// progress: an eighth of the ring (at least 4 KiB). Publishing only once
+/// the ring was full (or drained) kept the two sides in lockstep where a
+/// message was a multiple of the ring: the receiver waited for the whole
+/// ring to be written, then the sender for the whole ring to be read.
+/// 2 ranks, Broadcast of 1 MiB through a 512 KiB ring: 28-31 GB/s before
+/// (43-52 GB/s at 960 KiB and 1088 KiB), 51-59 GB/s with pieces.
+fn piece_bytes(cap: u64) -> usize {
+    (cap as usize / 8).max(4096)
+}
+
 /// How a receiver reads a direct message from the sender's memory.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum DirectRead {
@@ -453,12 +468,22 @@ impl RingLink {
             }
         }
         let padded = m.len.div_ceil(16) * 16;
+        let piece = piece_bytes(cap);
+        let mut published = head;
         loop {
             let free = cap - (h - tail);
             if m.sent < m.avail && free > 0 {
                 let off = (h % cap) as usize;
                 let contiguous = (cap as usize - off).min(free as usize);
-                let k = (m.avail - m.sent).min(contiguous);
+                let k = (m.avail - m.sent).min(contiguous).min(piece);
+                if h != published {
+                    // The previous piece is out: a receiver that polls
+                    // copies it while we write this one (one that sleeps is
+                    // woken once, below: waking it per piece would switch
+                    // a shared core back and forth).
+                    ctl.head.store(h, Ordering::Release);
+                    published = h;
+                }
                 // SAFETY: [off, off+k) lies inside the ring and is free space
                 // owned by the writer; m.ptr+sent..+k lies in the caller's
                 // buffer, whose first `avail` bytes are ready to read.
@@ -548,17 +573,26 @@ impl RingLink {
         }
         let padded = m.len.div_ceil(16) * 16;
         let esz = cx.elem;
+        let piece = piece_bytes(cap);
+        let mut freed = tail;
         loop {
             let avail = head - t;
             if m.got < m.len && avail > 0 {
                 let off = (t % cap) as usize;
                 let contiguous = (cap as usize - off).min(avail as usize);
-                let mut k = (m.len - m.got).min(contiguous);
+                let mut k = (m.len - m.got).min(contiguous).min(piece);
                 if m.reduce_src.is_some() {
                     k -= k % esz;
                     if k == 0 {
                         break;
                     }
+                }
+                if t != freed {
+                    // The previous piece is free again: a sender that polls
+                    // refills it while we take this one (woken once, below,
+                    // if it sleeps).
+                    ctl.tail.store(t, Ordering::Release);
+                    freed = t;
                 }
                 // SAFETY: [off, off+k) holds published bytes owned by the
                 // reader; the destination range lies in the caller's buffer.
