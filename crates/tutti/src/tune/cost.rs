@@ -112,6 +112,11 @@ impl Default for CostModel {
     }
 }
 
+/// Bytes up to which a local step ([`Step::Copy`], [`Step::Reduce`]) is
+/// priced at the in-cache rates: its operands fit in a core's L2 cache with
+/// room for a second rank's, so it does not stream through memory.
+pub const CACHED_STEP_BYTES: usize = 1 << 20;
+
 impl CostModel {
     /// The cost of `class`.
     pub fn link(&self, class: LinkClass) -> LinkCost {
@@ -120,6 +125,28 @@ impl CostModel {
             LinkClass::Shm => self.shm,
             LinkClass::Tcp => self.tcp,
         }
+    }
+
+    /// Time of local step `st` (a copy or a reduction) of `bytes`, in
+    /// microseconds; 0 for other steps.
+    ///
+    /// Up to [`CACHED_STEP_BYTES`] a local step works in cache, at the rates
+    /// the mailboxes measured (`mailbox_gbps`, `mailbox_reduce_gbps`: small
+    /// copies and reductions, with every rank at work), where those are
+    /// faster than the streaming rates. Two-shot's own-block reduction and
+    /// an in-place result copy are such steps: priced at the streaming
+    /// rate, they made two-shot look slower than the ring at 256 KiB to
+    /// 1 MiB, where with 4 ranks on 2 cores it is the faster.
+    pub fn local_us(&self, st: &Step, bytes: f64) -> f64 {
+        let cached = bytes <= CACHED_STEP_BYTES as f64;
+        let gbps = match st {
+            Step::Copy { .. } if cached => self.copy_gbps.max(self.mailbox_gbps),
+            Step::Copy { .. } => self.copy_gbps,
+            Step::Reduce { .. } if cached => self.reduce_gbps.max(self.mailbox_reduce_gbps),
+            Step::Reduce { .. } => self.reduce_gbps,
+            _ => return 0.0,
+        };
+        bytes / gbps / 1e3
     }
 }
 
@@ -242,8 +269,7 @@ pub fn predict_one(
             + model.step_us;
         let bytes = (st.len() * elem) as f64;
         let t = match *st {
-            Step::Copy { .. } => ready + bytes / model.copy_gbps / 1e3,
-            Step::Reduce { .. } => ready + bytes / model.reduce_gbps / 1e3,
+            Step::Copy { .. } | Step::Reduce { .. } => ready + model.local_us(st, bytes),
             Step::Fence => ready,
             _ => {
                 let peer = st.send_peer().or(st.recv_peer()).unwrap_or(p.rank);
@@ -355,8 +381,9 @@ fn simulate(
                 progress = true;
                 let bytes = (r.s.steps[i].len() * elem) as f64;
                 match r.s.steps[i] {
-                    Step::Copy { .. } => r.fin[i] = Some(t + bytes / model.copy_gbps / 1e3),
-                    Step::Reduce { .. } => r.fin[i] = Some(t + bytes / model.reduce_gbps / 1e3),
+                    st @ (Step::Copy { .. } | Step::Reduce { .. }) => {
+                        r.fin[i] = Some(t + model.local_us(&st, bytes))
+                    }
                     Step::Fence => r.fin[i] = Some(t),
                     _ => {}
                 }

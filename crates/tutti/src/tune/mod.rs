@@ -747,4 +747,47 @@ mod tests {
         assert!(extra(Algorithm::Ring) > 2.0 * extra(Algorithm::TwoShot));
         assert!(price_of(&own, Algorithm::Ring) < price_of(&shared, Algorithm::Ring));
     }
+
+    #[test]
+    fn local_steps_in_cache_at_the_mailbox_rates() {
+        use crate::algo::{Loc, Step};
+        let m = CostModel {
+            copy_gbps: 10.0,
+            reduce_gbps: 5.0,
+            mailbox_gbps: 40.0,
+            mailbox_reduce_gbps: 30.0,
+            ..CostModel::default()
+        };
+        let copy = Step::Copy {
+            src: Loc::input(0),
+            dst: Loc::output(0),
+            len: 1,
+        };
+        let reduce = Step::Reduce {
+            src: Loc::input(0),
+            dst: Loc::output(0),
+            len: 1,
+        };
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9 * b.max(1.0);
+        let (small, large) = ((256 << 10) as f64, (4 << 20) as f64);
+        // In cache: the mailboxes' rates.
+        assert!(close(m.local_us(&copy, small), small / 40.0 / 1e3));
+        assert!(close(m.local_us(&reduce, small), small / 30.0 / 1e3));
+        // Streaming: the copy and reduction rates.
+        assert!(close(m.local_us(&copy, large), large / 10.0 / 1e3));
+        assert!(close(m.local_us(&reduce, large), large / 5.0 / 1e3));
+        // A streaming rate above the mailboxes' is kept in cache too.
+        let fast = CostModel {
+            copy_gbps: 50.0,
+            ..m
+        };
+        assert!(close(fast.local_us(&copy, small), small / 50.0 / 1e3));
+        // Messages are not local steps.
+        let send = Step::Send {
+            peer: 1,
+            src: Loc::input(0),
+            len: 1,
+        };
+        assert_eq!(m.local_us(&send, small), 0.0);
+    }
 }
