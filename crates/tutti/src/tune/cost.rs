@@ -133,10 +133,11 @@ impl CostModel {
     /// Up to [`CACHED_STEP_BYTES`] a local step works in cache, at the rates
     /// the mailboxes measured (`mailbox_gbps`, `mailbox_reduce_gbps`: small
     /// copies and reductions, with every rank at work), where those are
-    /// faster than the streaming rates. Two-shot's own-block reduction and
-    /// an in-place result copy are such steps: priced at the streaming
-    /// rate, they made two-shot look slower than the ring at 256 KiB to
-    /// 1 MiB, where with 4 ranks on 2 cores it is the faster.
+    /// faster than the streaming rates. Two-shot's own-block reduction is
+    /// such a step: priced at the streaming rate, it made two-shot look
+    /// slower than halving-doubling at 128 KiB to 1 MiB, where with 4 ranks
+    /// on 2 cores it is the faster. ([`handoffs`] makes local work free by
+    /// making the streaming rates infinite, which this keeps.)
     pub fn local_us(&self, st: &Step, bytes: f64) -> f64 {
         let cached = bytes <= CACHED_STEP_BYTES as f64;
         let gbps = match st {
