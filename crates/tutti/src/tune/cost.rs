@@ -136,8 +136,7 @@ impl CostModel {
     /// faster than the streaming rates. Two-shot's own-block reduction is
     /// such a step: priced at the streaming rate, it made two-shot look
     /// slower than halving-doubling at 128 KiB to 1 MiB, where with 4 ranks
-    /// on 2 cores it is the faster. ([`handoffs`] makes local work free by
-    /// making the streaming rates infinite, which this keeps.)
+    /// on 2 cores it is the faster.
     pub fn local_us(&self, st: &Step, bytes: f64) -> f64 {
         let cached = bytes <= CACHED_STEP_BYTES as f64;
         let gbps = match st {
@@ -245,8 +244,11 @@ pub fn handoffs(
     let per_handoff = ring_bytes.max(1) as f64 / 1e3;
     lat.shm.gbps = per_handoff / lat.shm.alpha_us.max(1e-3);
     lat.local.gbps = per_handoff / lat.local.alpha_us.max(1e-3);
+    // Local work is free: every rate `CostModel::local_us` may take.
     lat.copy_gbps = f64::INFINITY;
     lat.reduce_gbps = f64::INFINITY;
+    lat.mailbox_gbps = f64::INFINITY;
+    lat.mailbox_reduce_gbps = f64::INFINITY;
     simulate(&lat, scheds, elem, class, None)
 }
 
