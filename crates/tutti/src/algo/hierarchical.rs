@@ -418,7 +418,11 @@ fn flat(
     let mut q = Problem::new(coll, n, rank, count);
     q.chunks = p.chunks;
     q.in_place = coll == Collective::AllReduce;
-    level.algorithm().steps(&q)
+    match level {
+        // Pieces are cut here, for both levels alike.
+        Level::Ring => super::ring::build_whole(&q),
+        _ => level.algorithm().steps(&q),
+    }
 }
 
 /// Builds the hierarchical schedule with `levels`, or `None` when the

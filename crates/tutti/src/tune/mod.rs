@@ -255,7 +255,9 @@ pub fn best_chunks(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> O
         us: price(&q, elem, ctx, alg)?,
     };
     let bytes = p.count * elem;
-    if bytes < 2 * MIN_CHUNK_BYTES {
+    // The ring cuts its own pieces, to save memory traffic the model does
+    // not count (`algo/ring.rs`, `Pieces`).
+    if bytes < 2 * MIN_CHUNK_BYTES || alg == Algorithm::Ring {
         return Some(best);
     }
     // Only algorithms whose schedule changes with the chunk count.
