@@ -446,7 +446,9 @@ pub struct Problem {
     pub in_place: bool,
     /// AllToAllV counts.
     pub vcounts: Option<VCounts>,
-    /// Pipeline chunks per block (at least 1); a tuned parameter.
+    /// Pipeline chunks per block (at least 1); a tuned parameter. The ring
+    /// cuts large blocks into pieces by itself and takes this as a lower
+    /// bound on their number (the tuner leaves it at 1 there).
     pub chunks: usize,
     /// The host of every rank, when the ranks span several hosts (used by
     /// [`Algorithm::Hierarchical`]; the flat algorithms ignore it).

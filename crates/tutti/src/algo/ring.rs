@@ -279,8 +279,8 @@ fn build_cut(p: &Problem, cut: bool) -> Option<Vec<Step>> {
 /// 4 ranks on 2 cores, forced ring, busbw GB/s (`tutti perf C -n 4 -b 1M
 /// -e 256M -f 4 -T 0.7 -c 0 -a ring`, old and new builds alternated, 3
 /// rounds each): AllReduce at 64 MiB 4.2-4.4 before, 5.0-6.0 after;
-/// ReduceScatter at 16-256 MiB 3.3-4.7 before, 4.5-6.4 after; Reduce at
-/// 16-64 MiB 4.4-5.6 before, 6.0-8.2 after. At 1-4 MiB the two were within
+/// ReduceScatter at 16-256 MiB 3.5-4.7 before, 4.7-6.4 after; Reduce at
+/// 16-64 MiB 4.4-5.6 before, 6.3-7.0 after. At 1-4 MiB the two were within
 /// the noise. Smaller pieces (128 KiB of f32, up to 64 of them) were
 /// slower at 1-4 MiB (ReduceScatter at 1 MiB: 6.5-6.9 against 7.6-8.2).
 #[derive(Clone, Copy, Debug)]

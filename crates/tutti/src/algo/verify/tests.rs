@@ -72,8 +72,8 @@ fn with_chunks(mut ps: Vec<Problem>, chunks: usize) -> Vec<Problem> {
 fn chunked(alg: Algorithm) -> &'static [usize] {
     match alg {
         Algorithm::Tree | Algorithm::DoubleTree => &[1, 3, 8],
-        // The ring cuts its blocks into pieces only above 1 MiB of f32
-        // unless told to.
+        // The ring cuts its blocks into pieces only with 3 ranks or more
+        // and blocks above 256 Ki elements, unless told to.
         Algorithm::Ring => &[1, 3],
         _ => &[1],
     }
