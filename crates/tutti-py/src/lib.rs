@@ -5,13 +5,13 @@
 //! torch.distributed backend; this module owns what must be fast or must not
 //! hold the GIL:
 //!
-//! * [`comm::PyComm`]: a communicator with one entry point, `_call`, that
+//! * `comm::PyComm`: a communicator with one entry point, `_call`, that
 //!   runs any collective on raw addresses (blocking with the GIL released,
-//!   or asynchronously with a [`work::PyWork`] handle);
-//! * [`array::buffer`]: address, length and element type of a numpy array,
+//!   or asynchronously with a `work::PyWork` handle);
+//! * `array::buffer`: address, length and element type of a numpy array,
 //!   checked (C-contiguous, writable where written, native byte order);
-//! * [`PyUniqueId`]: the rendezvous handle;
-//! * [`errors`]: tutti errors as the exception classes of `tutti._errors`.
+//! * `PyUniqueId`: the rendezvous handle;
+//! * `errors`: tutti errors as the exception classes of `tutti._errors`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod array;

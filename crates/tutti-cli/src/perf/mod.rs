@@ -10,7 +10,7 @@
 //! same warm-up and iteration counts from an all-reduced estimate, so they
 //! always issue the same calls. With `-c 1` the inputs are then refilled with
 //! check data, the call runs once more and every rank counts wrong output
-//! elements (see [`bench`]); `#wrong` is the sum over ranks.
+//! elements (see [`bench`](mod@bench)); `#wrong` is the sum over ranks.
 
 pub(crate) mod bench;
 pub(crate) mod report;

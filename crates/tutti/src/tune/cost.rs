@@ -151,7 +151,7 @@ impl CostModel {
 }
 
 /// Predicted time of the direct algorithm over mailboxes
-/// ([`crate::transport::mailbox`]): `mailbox_us`, then the largest
+/// (`transport/mailbox.rs`, one-shot calls): `mailbox_us`, then the largest
 /// contribution copied into its slot, then the most any rank reads out of
 /// the peers' slots, each byte once: copying at `mailbox_gbps`, reducing
 /// at `mailbox_reduce_gbps`. `None` if the call does not fit a slot.
