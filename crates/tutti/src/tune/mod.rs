@@ -196,14 +196,9 @@ pub struct Choice {
     pub us: f64,
 }
 
-/// Predicted time of `alg` on `p` as it stands (chunks included).
-fn price(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> Option<f64> {
-    if alg == Algorithm::Direct && ctx.mailbox {
-        if let Some(t) = cost::predict_mailbox(&ctx.model, p, elem) {
-            return Some(t);
-        }
-    }
-    let class = |a: usize, b: usize| ctx.class(a, b);
+/// The cost model the simulation runs with: `ctx.model`, adjusted where
+/// ranks share cores.
+fn simulated_model(ctx: &TuneCtx) -> CostModel {
     let mut model = ctx.model;
     if ctx.cpu_share < 1.0 {
         // A hand-off between ranks that share cores waits for the peer to
@@ -220,6 +215,18 @@ fn price(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> Option<f64>
         model.copy_gbps *= f;
         model.reduce_gbps *= f;
     }
+    model
+}
+
+/// Predicted time of `alg` on `p` as it stands (chunks included).
+fn price(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> Option<f64> {
+    if alg == Algorithm::Direct && ctx.mailbox {
+        if let Some(t) = cost::predict_mailbox(&ctx.model, p, elem) {
+            return Some(t);
+        }
+    }
+    let class = |a: usize, b: usize| ctx.class(a, b);
+    let model = simulated_model(ctx);
     if p.nranks <= SIMULATE_ALL_UP_TO {
         if ctx.cpu_share < 1.0 && p.hosts.is_none() && !ctx.tcp_only && p.vcounts.is_none() {
             // The simulation charges each hand-off once, on the critical
@@ -736,15 +743,12 @@ mod tests {
         };
         let price_of = |ctx: &TuneCtx, a| price(&p, 4, ctx, a).unwrap();
         let extra = |a| {
-            price_of(&shared, a) - {
-                // The same simulation without the hand-off term: half rates, no switch cost.
-                let mut m = shared.model;
-                m.shm.gbps *= 0.5;
-                m.local.gbps *= 0.5;
-                m.copy_gbps *= 0.5;
-                m.reduce_gbps *= 0.5;
-                cost::predict(&m, &p, a, 4, &|x, y| shared.class(x, y)).unwrap()
-            }
+            // The same simulation without the hand-off term.
+            price_of(&shared, a)
+                - cost::predict(&simulated_model(&shared), &p, a, 4, &|x, y| {
+                    shared.class(x, y)
+                })
+                .unwrap()
         };
         assert!(extra(Algorithm::Ring) > 2.0 * extra(Algorithm::TwoShot));
         assert!(price_of(&own, Algorithm::Ring) < price_of(&shared, Algorithm::Ring));
