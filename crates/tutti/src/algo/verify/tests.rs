@@ -617,7 +617,8 @@ fn hierarchical_saves_network_bytes() {
     assert!(flat > hier, "flat {flat} hier {hier}");
 }
 
-/// Pipelined hierarchical AllReduce, AllGather, ReduceScatter and AllToAll: cut into
+/// Pipelined hierarchical AllReduce, AllGather, ReduceScatter, AllToAll,
+/// Broadcast and Reduce (roots off rank 0, on either host): cut into
 /// `k` pieces (forced, so that small counts exercise it), every level
 /// choice, grids and interleaved layouts, counts with empty pieces and
 /// blocks, AllReduce in and out of place. The verifier runs without
@@ -640,6 +641,8 @@ fn hierarchical_pipelined() {
             Collective::AllGather,
             Collective::ReduceScatter,
             Collective::AllToAll,
+            Collective::Broadcast { root: n - 1 },
+            Collective::Reduce { root: n / 2 + 1 },
         ] {
             for count in [0, 1, 5, n * 3 + 1, 64] {
                 for lv in Levels::ALL {
