@@ -225,8 +225,16 @@ pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
 }
 
 /// `acc = x_0 (op) x_1 (op) ... (op) x_{n-1}` into `acc`, in rank order, with
-/// this rank's own part taken locally from `own` and the others received.
-fn reduce_in_rank_order(s: &mut Vec<Step>, n: usize, r: usize, c: usize, own: Loc, acc: Loc) {
+/// this rank's own part taken locally from `own` and the others received
+/// (`c` elements; two-shot's reduce-scatter shot is the same).
+pub(super) fn reduce_in_rank_order(
+    s: &mut Vec<Step>,
+    n: usize,
+    r: usize,
+    c: usize,
+    own: Loc,
+    acc: Loc,
+) {
     if r == 0 {
         s.push(Step::Copy {
             src: own,

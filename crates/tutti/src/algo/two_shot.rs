@@ -16,6 +16,7 @@
 //! Many messages are in flight at once (n-1 per rank per shot): it suits
 //! medium messages and moderate rank counts.
 
+use super::direct::reduce_in_rank_order;
 use super::{block, Collective, Loc, Problem, Step};
 
 /// Builds the two-shot schedule (AllReduce and ReduceScatter).
@@ -41,7 +42,7 @@ pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
             } else {
                 Loc::output(mine.start)
             };
-            reduce_block_in_rank_order(&mut s, n, r, Loc::input(mine.start), acc, mine.len());
+            reduce_in_rank_order(&mut s, n, r, mine.len(), Loc::input(mine.start), acc);
             if p.in_place {
                 s.push(Step::Copy {
                     src: acc,
@@ -72,50 +73,9 @@ pub(super) fn build(p: &Problem) -> Option<Vec<Step>> {
                     len: c,
                 });
             }
-            reduce_block_in_rank_order(&mut s, n, r, Loc::input(r * c), Loc::output(0), c);
+            reduce_in_rank_order(&mut s, n, r, c, Loc::input(r * c), Loc::output(0));
         }
         _ => return None,
     }
     Some(s)
-}
-
-/// `acc = x_0 (op) x_1 (op) ... (op) x_{n-1}` for one block, this rank's
-/// own piece taken from `own`, the others received.
-fn reduce_block_in_rank_order(
-    s: &mut Vec<Step>,
-    n: usize,
-    r: usize,
-    own: Loc,
-    acc: Loc,
-    len: usize,
-) {
-    if r == 0 {
-        s.push(Step::Copy {
-            src: own,
-            dst: acc,
-            len,
-        });
-    } else {
-        s.push(Step::Recv {
-            peer: 0,
-            dst: acc,
-            len,
-        });
-    }
-    for q in 1..n {
-        if q == r {
-            s.push(Step::Reduce {
-                src: own,
-                dst: acc,
-                len,
-            });
-        } else {
-            s.push(Step::RecvReduce {
-                peer: q,
-                src: acc,
-                dst: acc,
-                len,
-            });
-        }
-    }
 }
