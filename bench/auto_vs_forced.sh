@@ -1,8 +1,9 @@
 #!/bin/bash
 # Auto against every forced algorithm, measured in one communicator per run:
 # crates/tutti/examples/auto_vs_forced.rs under `tutti run -n N`. Every round
-# times Auto and then each algorithm forced per call, so drift and the ranks'
-# placement on cores affect all of them alike; the table shows medians over
+# times Auto and each algorithm forced per call, each round starting one
+# further along, so drift, the ranks' placement on cores and the place in
+# the order affect all of them alike; the table shows medians over
 # rounds (us per call), what Auto picked (algorithm/chunks), Auto's time
 # over the best forced algorithm's, and the picked algorithm's forced time
 # over the best (pick/best: the choice, apart from run-to-run noise).

@@ -1,7 +1,8 @@
 //! Auto against every forced algorithm, in one communicator: run under
 //! `tutti run -n N` (bench/auto_vs_forced.sh does). For each size, every
-//! round times Auto and then each algorithm forced per call (`Options`), so
-//! that the machine's drift and the ranks' placement on cores hit all of
+//! round times Auto and each algorithm forced per call (`Options`), each
+//! round starting one choice further along, so that the machine's drift,
+//! the ranks' placement on cores and the place in the order hit all of
 //! them alike; the table shows the median over rounds of the time per call
 //! (max over ranks), the algorithm and chunk count Auto picked, Auto's
 //! time over the best forced one, and the picked algorithm's forced time
@@ -84,7 +85,7 @@ fn main() -> tutti::Result<()> {
     if me == 0 {
         println!(
             "{kind}, {n} ranks, f32 sum: median of {rounds} rounds of the time per call (us); \
-             rounds alternate Auto and the forced algorithms"
+             rounds alternate Auto and the forced algorithms, in rotating order"
         );
         print!("{:>10} {:>18} {:>9}", "size", "auto picks", "auto");
         for a in &algs {
@@ -129,8 +130,13 @@ fn main() -> tutti::Result<()> {
         let t1 = time(&comm, &call, &opts[0], 20)?;
         let iters = ((ms * 1e-3 / t1.max(1e-7)) as usize).clamp(2, 200_000);
         let mut t = vec![Vec::new(); opts.len()];
-        for _ in 0..rounds {
-            for (i, o) in opts.iter().enumerate() {
+        for round in 0..rounds {
+            // Each round starts one choice later, so that every choice
+            // takes every place in the order alike: the first measurement
+            // of a round ran measurably slower (4 ranks on 2 cores, 64 KiB).
+            for j in 0..opts.len() {
+                let i = (round + j) % opts.len();
+                let o = &opts[i];
                 time(&comm, &call, o, 1)?; // warm-up (and schedule) for this choice
                 t[i].push(time(&comm, &call, o, iters)? * 1e6);
             }
