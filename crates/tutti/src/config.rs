@@ -4,6 +4,21 @@ use crate::error::{Error, Result};
 use crate::tune::AlgoOverride;
 use std::time::Duration;
 
+/// The TCP congestion control tutti's sockets use (`TUTTI_TCP_CONGESTION`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TcpCongestion {
+    /// `cubic` where the kernel lets the socket have it, else the system's
+    /// default. Collectives start and stop many flows at once, every call
+    /// waiting for its slowest one; on shaped links BBR (some systems'
+    /// default) left up to a fifth of the link idle where cubic filled it
+    /// (`docs/multihost.md`).
+    Auto,
+    /// Whatever the system's default is (`net.ipv4.tcp_congestion_control`).
+    System,
+    /// This algorithm; creating a communicator fails if the kernel refuses it.
+    Named(String),
+}
+
 /// Which transport to use between ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TransportChoice {
@@ -33,6 +48,7 @@ pub enum TransportChoice {
 /// | `TUTTI_TCP_SOCKETS` | [`tcp_sockets`](Config::tcp_sockets) | auto |
 /// | `TUTTI_TCP_CHUNK` | [`tcp_chunk`](Config::tcp_chunk) | 256 KiB |
 /// | `TUTTI_TCP_IO_THREAD` (`auto`, `0`, `1`) | [`tcp_io_thread`](Config::tcp_io_thread) | auto |
+/// | `TUTTI_TCP_CONGESTION` (`auto`, `system`, a name) | [`tcp_congestion`](Config::tcp_congestion) | auto (cubic) |
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Deadline of each operation.
@@ -73,6 +89,8 @@ pub struct Config {
     /// Whether a communicator's TCP links get a dedicated I/O thread;
     /// `None` decides by the number of cores per rank on this machine.
     pub tcp_io_thread: Option<bool>,
+    /// Congestion control of every TCP socket.
+    pub tcp_congestion: TcpCongestion,
 }
 
 impl Default for Config {
@@ -93,6 +111,7 @@ impl Default for Config {
             tcp_sockets: None,
             tcp_chunk: crate::transport::tcp::DEFAULT_CHUNK,
             tcp_io_thread: None,
+            tcp_congestion: TcpCongestion::Auto,
         }
     }
 }
@@ -219,6 +238,25 @@ impl Config {
                 _ => {
                     return Err(Error::Config(format!(
                         "TUTTI_TCP_IO_THREAD={v:?}: use auto, 1 or 0"
+                    )))
+                }
+            };
+        }
+        if let Some(v) = var("TUTTI_TCP_CONGESTION") {
+            let name = v.trim();
+            c.tcp_congestion = match name.to_ascii_lowercase().as_str() {
+                "auto" => TcpCongestion::Auto,
+                "system" => TcpCongestion::System,
+                _ if !name.is_empty()
+                    && name.len() < 16
+                    && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
+                {
+                    TcpCongestion::Named(name.to_string())
+                }
+                _ => {
+                    return Err(Error::Config(format!(
+                        "TUTTI_TCP_CONGESTION={v:?}: use auto, system or an algorithm's name \
+                         (see /proc/sys/net/ipv4/tcp_available_congestion_control)"
                     )))
                 }
             };

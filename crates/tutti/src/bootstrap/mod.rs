@@ -14,7 +14,7 @@
 pub mod rank_table;
 pub mod store;
 
-use crate::config::{Config, TransportChoice};
+use crate::config::{Config, TcpCongestion, TransportChoice};
 use crate::error::{Error, Result};
 use crate::topo::{self, Topology};
 use crate::transport::shm::{DirectRead, Layout, RingLink, Segment};
@@ -604,6 +604,7 @@ pub(crate) fn connect(
     if let Some(l) = &listener {
         accept_peers(l, token, &expect, &mut links, deadline).map_err(boot)?;
     }
+    set_congestion(cfg, &links)?;
     let ranks_on_machine = infos
         .iter()
         .filter(|i| i.machine == infos[rank].machine)
@@ -646,6 +647,39 @@ pub(crate) fn connect(
         peer_addrs: infos.iter().map(|i| i.addr).collect(),
         ranks_on_machine,
     }))
+}
+
+/// Puts every TCP socket on the congestion control `cfg` asks for
+/// ([`TcpCongestion`]): `Auto` tries cubic and keeps the system's default
+/// if the kernel refuses; a named one that the kernel refuses fails set-up.
+fn set_congestion(cfg: &Config, links: &[Option<Link>]) -> Result<()> {
+    let (name, required) = match &cfg.tcp_congestion {
+        TcpCongestion::Auto => ("cubic", false),
+        TcpCongestion::System => return Ok(()),
+        TcpCongestion::Named(n) => (n.as_str(), true),
+    };
+    for (q, l) in links.iter().enumerate() {
+        if let Some(Link::Tcp(t)) = l {
+            match t.set_congestion(name) {
+                Ok(()) => {}
+                Err(e) if !required => {
+                    tracing::debug!(
+                        "TCP sockets keep the system's congestion control: {name}: {e}"
+                    );
+                    return Ok(());
+                }
+                Err(e) => {
+                    return Err(Error::Config(format!(
+                        "TUTTI_TCP_CONGESTION={name}: the kernel refused it on the link to \
+                         rank {q} ({e}); see /proc/sys/net/ipv4/tcp_available_congestion_control \
+                         (and tcp_allowed_congestion_control for unprivileged processes), or \
+                         use auto or system"
+                    )))
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether a communicator's TCP links get a dedicated I/O thread:

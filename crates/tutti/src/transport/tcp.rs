@@ -929,6 +929,29 @@ impl TcpLink {
         self.lanes.flush_probes().map_err(|e| self.broken(cx, e))
     }
 
+    /// Sets every socket of this link to congestion control `name`
+    /// (`TCP_CONGESTION`); the kernel's error if it refuses (an unknown
+    /// name, or one an unprivileged process may not pick).
+    pub(crate) fn set_congestion(&self, name: &str) -> std::io::Result<()> {
+        for lane in &self.lanes.lanes {
+            // SAFETY: setsockopt on a socket this link owns, with a pointer
+            // to `name`'s bytes and their length.
+            let r = unsafe {
+                libc::setsockopt(
+                    lane.sock.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_CONGESTION,
+                    name.as_ptr() as *const libc::c_void,
+                    name.len() as libc::socklen_t,
+                )
+            };
+            if r != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
     /// Adds to `out` the descriptors (and events) to wait on while `send`
     /// (the head outgoing message, if started) and the head incoming message
     /// (`recv`: whether there is one) cannot move.
