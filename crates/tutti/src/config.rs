@@ -10,7 +10,7 @@ pub enum TcpCongestion {
     /// `cubic` where the kernel lets the socket have it, else the system's
     /// default. Collectives start and stop many flows at once, every call
     /// waiting for its slowest one; on shaped links BBR (some systems'
-    /// default) left up to a fifth of the link idle where cubic filled it
+    /// default) left up to a quarter of the link idle where cubic filled it
     /// (`docs/multihost.md`).
     Auto,
     /// Whatever the system's default is (`net.ipv4.tcp_congestion_control`).

@@ -91,7 +91,7 @@
 //! Broadcast on 2 namespace hosts x 2 ranks (1 Gbit/s tbf), before it was
 //! cut: the receiving host's column rank forwarded the whole message to
 //! its row only once all of it had crossed, and the tuner's pick reached
-//! 94.0-96.7% of the link at 16 and 64 MiB against the flat chain's
+//! 93.9-96.7% of the link at 16 and 64 MiB against the flat chain's
 //! 99.5-99.9%; cut, 99.5-100% (`docs/algorithms.md`).
 //!
 //! Measured with `bench/cluster.sh --rph "2 4" --algos auto,ring,hierarchical
@@ -461,7 +461,7 @@ pub(super) fn build(p: &Problem, levels: Levels) -> Option<Vec<Step>> {
     build_pieces(p, levels, pieces(whole, p.nranks))
 }
 
-/// [`build`], with AllReduce, AllGather, ReduceScatter and AllToAll cut into `k`
+/// [`build`], with every collective cut into `k`
 /// pieces (at least 1) whatever their size: lets the verifier check the
 /// pipeline on small counts.
 pub(super) fn build_pieces(p: &Problem, levels: Levels, k: usize) -> Option<Vec<Step>> {
