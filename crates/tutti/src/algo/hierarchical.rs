@@ -621,91 +621,57 @@ pub(super) fn build_pieces(p: &Problem, levels: Levels, k: usize) -> Option<Vec<
                 }
             }
         }
-        Collective::Broadcast { root } => {
-            // Piece i goes down the root's column, then along every row;
-            // a row forwards piece i while the network carries piece i + 1.
+        Collective::Broadcast { root } | Collective::Reduce { root } => {
+            // Broadcast: piece i goes down the root's column, then along
+            // every row; a row forwards piece i while the network carries
+            // piece i + 1. Reduce: piece i is reduced along every row
+            // towards the rank in the root's column (into Scratch[piece
+            // i]), then down that column towards the root, which reduces
+            // piece i while the rows work on piece i + 1.
             let (rh, rl) = g.position(root)?;
+            let bcast = matches!(p.coll, Collective::Broadcast { .. });
+            let rooted = |r: usize| {
+                if bcast {
+                    Collective::Broadcast { root: r }
+                } else {
+                    Collective::Reduce { root: r }
+                }
+            };
+            // Lays a level's steps with contiguous buffers, its scratch
+            // past everything used so far (and past `floor`).
+            let put = |s: &mut Vec<Step>,
+                       members: &[usize],
+                       input: Place,
+                       output: Place,
+                       floor: usize,
+                       steps: Vec<Step>| {
+                let scratch = scr(scratch_end(s).max(floor));
+                Sub {
+                    members,
+                    input,
+                    output,
+                    scratch,
+                    unit: 0,
+                }
+                .lay(s, steps)
+            };
             for i in 0..k {
                 let pc = block(c, k, i);
                 // Built on every rank, so that all agree on whether the
                 // variant implements the collective.
-                let across = flat(
-                    levels.inter,
-                    Collective::Broadcast { root: rh },
-                    h,
-                    my_h,
-                    pc.len(),
-                    p,
-                )?;
-                let within = flat(
-                    levels.intra,
-                    Collective::Broadcast { root: rl },
-                    l,
-                    my_l,
-                    pc.len(),
-                    p,
-                )?;
-                if my_l == rl {
-                    let sub = Sub {
-                        members: &col,
-                        input: inp(pc.start),
-                        output: out(pc.start),
-                        scratch: scr(scratch_end(&s)),
-                        unit: 0,
-                    };
-                    sub.lay(&mut s, across);
-                }
-                let sub = Sub {
-                    members: &row,
-                    input: inp(pc.start),
-                    output: out(pc.start),
-                    scratch: scr(scratch_end(&s)),
-                    unit: 0,
-                };
-                sub.lay(&mut s, within);
-            }
-        }
-        Collective::Reduce { root } => {
-            // Piece i is reduced along every row towards the rank in the
-            // root's column (into Scratch[piece i]), then down that column
-            // towards the root; the column reduces piece i while the rows
-            // work on piece i + 1.
-            let (rh, rl) = g.position(root)?;
-            for i in 0..k {
-                let pc = block(c, k, i);
-                let within = flat(
-                    levels.intra,
-                    Collective::Reduce { root: rl },
-                    l,
-                    my_l,
-                    pc.len(),
-                    p,
-                )?;
-                let across = flat(
-                    levels.inter,
-                    Collective::Reduce { root: rh },
-                    h,
-                    my_h,
-                    pc.len(),
-                    p,
-                )?;
-                let sub = Sub {
-                    members: &row,
-                    input: inp(pc.start),
-                    output: scr(pc.start),
-                    scratch: scr(scratch_end(&s).max(c)),
-                    unit: 0,
-                };
-                sub.lay(&mut s, within);
-                if my_l == rl {
-                    let sub = Sub {
-                        members: &col,
-                        input: scr(pc.start),
-                        output: out(pc.start),
-                        scratch: scr(scratch_end(&s).max(c)),
-                        unit: 0,
-                    };
-                    sub.lay(&mut s, across);
+                let across = flat(levels.inter, rooted(rh), h, my_h, pc.len(), p)?;
+                let within = flat(levels.intra, rooted(rl), l, my_l, pc.len(), p)?;
+                let (x, o) = (inp(pc.start), out(pc.start));
+                if bcast {
+                    if my_l == rl {
+                        put(&mut s, &col, x, o, 0, across);
+                    }
+                    put(&mut s, &row, inp(pc.start), out(pc.start), 0, within);
+                } else {
+                    put(&mut s, &row, x, scr(pc.start), c, within);
+                    if my_l == rl {
+                        put(&mut s, &col, scr(pc.start), o, c, across);
+                    }
                 }
             }
         }
