@@ -934,20 +934,7 @@ impl TcpLink {
     /// name, or one an unprivileged process may not pick).
     pub(crate) fn set_congestion(&self, name: &str) -> std::io::Result<()> {
         for lane in &self.lanes.lanes {
-            // SAFETY: setsockopt on a socket this link owns, with a pointer
-            // to `name`'s bytes and their length.
-            let r = unsafe {
-                libc::setsockopt(
-                    lane.sock.as_raw_fd(),
-                    libc::IPPROTO_TCP,
-                    libc::TCP_CONGESTION,
-                    name.as_ptr() as *const libc::c_void,
-                    name.len() as libc::socklen_t,
-                )
-            };
-            if r != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            socket2::SockRef::from(&lane.sock).set_tcp_congestion(name.as_bytes())?;
         }
         Ok(())
     }
