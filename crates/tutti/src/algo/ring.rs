@@ -268,9 +268,10 @@ fn build_cut(p: &Problem, cut: bool) -> Option<Vec<Step>> {
 /// into a scratch block as large as the message (ReduceScatter, Reduce),
 /// a large partial sum leaves the cache before it is forwarded (and for
 /// AllReduce the all-gather then overwrites it). So with three ranks or
-/// more, a block of more than [`Pieces::MIN`] elements is cut into pieces of at least
-/// `MIN` elements, at most [`Pieces::MAX_COUNT`] of them (fewer with many
-/// ranks, [`Pieces::MAX_STEPS`]), one message each; the ring runs once per piece (every step of piece 0, then every
+/// more, a block of more than [`Pieces::MIN`] elements is cut into pieces
+/// of at least `MIN` elements, at most [`Pieces::MAX_COUNT`] of them (fewer
+/// with many ranks, [`Pieces::MAX_STEPS`]), one message each; the ring runs
+/// once per piece (every step of piece 0, then every
 /// step of piece 1, the same order on every rank, so no queue waits on a
 /// later piece), and partial sums go through two scratch slots of one
 /// piece each, in turn, which stay in cache. Smaller blocks, and every
