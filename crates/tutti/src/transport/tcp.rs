@@ -575,16 +575,16 @@ impl Lanes {
         }
     }
 
-    /// Prepares to receive a message of `len` bytes (a header of it that
-    /// arrived early stays, to be checked first).
+    /// Prepares to receive a message of `len` bytes. A header of it that
+    /// arrived early stays, to be checked first, and so do the bytes read
+    /// so far of a header still arriving: a lane done with the last
+    /// message's frames may have begun to read this one's while another
+    /// lane finished the last message.
     pub(crate) fn rx_start(&mut self, len: usize) {
         self.rx.reset(self.framing.frames(len));
         for l in &mut self.lanes {
             l.rx_frame = None;
             l.rx_read = 0;
-            if !l.rx_stash {
-                l.rx_hdr_got = 0;
-            }
         }
     }
 
@@ -1112,6 +1112,55 @@ mod tests {
         assert_eq!(recv_all(&mut link, 2 * chunk).unwrap(), big);
         assert_eq!(recv_all(&mut link, 3).unwrap(), b"abc");
         assert_eq!(recv_all(&mut link, 2 * chunk).unwrap(), big);
+    }
+
+    /// A lane that has finished its frames of one message may already hold
+    /// part of the next message's header while another lane still carries
+    /// the rest of the first; the bytes of that header read so far must
+    /// survive into the next receive. (Clearing them shifted lane 0's
+    /// stream: "message 0 arrived where message 57 was expected", once, on
+    /// the namespace cluster.)
+    #[test]
+    fn a_partly_read_header_survives_the_end_of_a_message() {
+        let chunk = 4096;
+        let a: Vec<u8> = (0..2 * chunk).map(|i| (i % 251) as u8).collect();
+        let b: Vec<u8> = (0..2 * chunk).map(|i| (i % 241) as u8).collect();
+        let next = frame(1, 2 * chunk, 0, &b[..chunk]);
+        // 1 to 23 of the 24 bytes of a frame header.
+        for cut in [1, 10, HEADER_BYTES + 7] {
+            let (mut tx, rx) = pairs(2);
+            let mut link = TcpLink::new(rx, 1, chunk).unwrap();
+            // Message 0's first frame and the start of message 1's first
+            // frame header on lane 0; lane 1 is still silent.
+            tx[0]
+                .write_all(&frame(0, 2 * chunk, 0, &a[..chunk]))
+                .unwrap();
+            tx[0].write_all(&next[..cut]).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            let mut dst = vec![0u8; 2 * chunk];
+            let mut m = RecvMsg::new(dst.as_mut_ptr(), None, 2 * chunk);
+            let mut c = cx();
+            for _ in 0..4 {
+                link.recv(&mut m, &mut c).unwrap();
+            }
+            assert!(!m.done, "cut {cut}");
+            // Lane 1 brings message 0's second frame: message 0 is done.
+            tx[1]
+                .write_all(&frame(0, 2 * chunk, chunk, &a[chunk..]))
+                .unwrap();
+            let t = Instant::now();
+            while !m.done {
+                link.recv(&mut m, &mut c).unwrap();
+                assert!(t.elapsed() < Duration::from_secs(5), "no progress");
+            }
+            assert_eq!(dst, a, "cut {cut}");
+            // The rest of message 1.
+            tx[0].write_all(&next[cut..]).unwrap();
+            tx[1]
+                .write_all(&frame(1, 2 * chunk, chunk, &b[chunk..]))
+                .unwrap();
+            assert_eq!(recv_all(&mut link, 2 * chunk).unwrap(), b, "cut {cut}");
+        }
     }
 
     #[test]
