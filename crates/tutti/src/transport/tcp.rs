@@ -1215,6 +1215,118 @@ mod tests {
         assert!(matches!(r, Err(Error::Mismatch { .. })), "repeat: {r:?}");
     }
 
+    /// Messages of random lengths, with liveness probes between some, over
+    /// 2 to 4 lanes whose bytes a relay passes on in pieces of random size
+    /// (from 1 byte) with short random pauses: a header may arrive in any
+    /// number of parts, on a lane that is ahead of or behind the others.
+    /// Every message arrives whole and in order.
+    #[test]
+    fn lanes_survive_any_segmentation() {
+        use std::io::Read;
+        let chunk = 4096;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for round in 0..6 {
+            let k = 2 + round % 3;
+            let (a, relay_in) = pairs(k);
+            let (relay_out, b) = pairs(k);
+            let relays: Vec<_> = relay_in
+                .into_iter()
+                .zip(relay_out)
+                .map(|(mut from, to)| {
+                    let mut r = next();
+                    std::thread::spawn(move || {
+                        let _ = to.set_nodelay(true);
+                        let mut to = to;
+                        let mut buf = vec![0u8; 8192];
+                        loop {
+                            let n = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            let mut at = 0;
+                            while at < n {
+                                r = r.rotate_left(7).wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+                                let piece = match r % 4 {
+                                    0 => 1 + (r >> 8) as usize % 8,
+                                    1 => 1 + (r >> 8) as usize % 40,
+                                    _ => 1 + (r >> 8) as usize % 4096,
+                                };
+                                let end = (at + piece).min(n);
+                                if to.write_all(&buf[at..end]).is_err() {
+                                    return;
+                                }
+                                at = end;
+                                if (r >> 20) % 8 == 0 {
+                                    std::thread::sleep(Duration::from_micros((r >> 24) % 300));
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let mut s = TcpLink::new(a, 1, chunk).unwrap();
+            let mut rl = TcpLink::new(b, 0, chunk).unwrap();
+            let msgs: Vec<Vec<u8>> = (0..24)
+                .map(|m| {
+                    let len = match next() % 4 {
+                        0 => (next() % 64) as usize,
+                        1 => chunk * (1 + (next() % 4) as usize),
+                        _ => (next() % (6 * chunk as u64)) as usize,
+                    };
+                    (0..len).map(|i| ((i * 13 + m) % 251) as u8).collect()
+                })
+                .collect();
+            let probes: Vec<bool> = msgs.iter().map(|_| next() % 3 == 0).collect();
+            // The sender runs ahead: message m + 1 goes out while message m
+            // may still be arriving.
+            let (mut si, mut ri) = (0, 0);
+            let mut sm = None;
+            let mut dst = Vec::new();
+            let mut rm = None;
+            let (mut c1, mut c2) = (cx(), cx());
+            let t = Instant::now();
+            while ri < msgs.len() {
+                if si < msgs.len() {
+                    let m = sm.get_or_insert_with(|| {
+                        if probes[si] {
+                            s.lanes.start_probe();
+                        }
+                        SendMsg::new(msgs[si].as_ptr(), msgs[si].len(), msgs[si].len())
+                    });
+                    s.send(m, &mut c1).unwrap();
+                    if m.done {
+                        sm = None;
+                        si += 1;
+                    }
+                }
+                let len = msgs[ri].len();
+                let m = rm.get_or_insert_with(|| {
+                    dst = vec![0u8; len];
+                    RecvMsg::new(dst.as_mut_ptr(), None, len)
+                });
+                if let Err(e) = rl.recv(m, &mut c2) {
+                    panic!("round {round}, {k} lanes, message {ri} ({len} B): {e}");
+                }
+                if m.done {
+                    rm = None;
+                    assert_eq!(dst, msgs[ri], "round {round}, {k} lanes, message {ri}");
+                    ri += 1;
+                }
+                assert!(t.elapsed() < Duration::from_secs(10), "no progress");
+            }
+            drop(s);
+            for r in relays {
+                r.join().unwrap();
+            }
+        }
+    }
+
     #[test]
     fn lanes_round_trip_with_probes() {
         let chunk = 4096;
