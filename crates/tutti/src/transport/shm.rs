@@ -53,6 +53,10 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How long [`RingLink::withdraw`] waits for a receiver that is alive and
+/// has claimed a direct message to finish reading it.
+const WITHDRAW_WAIT: Duration = Duration::from_secs(60);
+
 /// Flag in [`Header::flags`]: the payload is a direct-read descriptor.
 const FLAG_DIRECT: u16 = 1;
 /// Bytes of a direct-read descriptor (pid, address).
@@ -532,11 +536,13 @@ impl RingLink {
                 )
             };
             cx.check_header(&hdr, m.len, self.peer, self.recv_msgs)?;
-            self.recv_msgs = self.recv_msgs.wrapping_add(1);
             if hdr.flags & FLAG_DIRECT != 0 {
                 if head - t < (HEADER_BYTES + DESC_BYTES) as u64 {
+                    // Not taken yet: the header is read (and counted) again
+                    // on the next call.
                     return Ok(false);
                 }
+                self.recv_msgs = self.recv_msgs.wrapping_add(1);
                 let mut desc = [0u64; 2];
                 // SAFETY: the descriptor was published with the header.
                 unsafe {
@@ -563,11 +569,15 @@ impl RingLink {
                     ));
                 }
                 self.direct_recvd = k;
-                self.read_direct(m, cx, desc[0] as i32, desc[1])?;
+                let r = self.read_direct(m, cx, desc[0] as i32, desc[1]);
+                // Done with the sender's buffer, whether the read worked or
+                // not: a sender whose op failed waits for this in `withdraw`.
                 ctl.acked.fetch_add(1, Ordering::Release);
                 notify(seg.bell(self.peer));
+                r?;
                 return Ok(true);
             }
+            self.recv_msgs = self.recv_msgs.wrapping_add(1);
             t += HEADER_BYTES as u64;
             m.header_seen = true;
         }
@@ -620,7 +630,11 @@ impl RingLink {
     /// Called when an op fails with `m` unfinished: makes sure the receiver
     /// will not read our buffer after we return. Either the message is
     /// withdrawn before the receiver claims it, or the receiver's read (which
-    /// is under way and short) is waited for.
+    /// is under way: one copy of the message) is waited for, even if the
+    /// receiver has failed or been aborted meanwhile (it does not stop a
+    /// read it has begun), until it acknowledges the read or its process is
+    /// gone; after [`WITHDRAW_WAIT`] (a receiver stopped mid-read, say) it
+    /// gives up with an error in the log.
     pub(crate) fn withdraw(&self, m: &SendMsg, peer_pid: Option<i32>) {
         let Some(k) = m.direct_target else { return };
         if m.done {
@@ -634,17 +648,25 @@ impl RingLink {
         {
             return;
         }
-        // The receiver claimed it: its read is under way and short, unless
-        // the receiver died (then it reads nothing more).
+        // The receiver claimed it: its read is under way, unless the
+        // receiver died (then it reads nothing more). Its communicator
+        // failing or being aborted does not end the read, so that is no
+        // reason to stop waiting.
         let start = std::time::Instant::now();
         let mut checked = start;
-        while ctl.acked.load(Ordering::Acquire) < k
-            && !self.peer_failed()
-            && start.elapsed() < Duration::from_secs(5)
-        {
+        while ctl.acked.load(Ordering::Acquire) < k {
             if checked.elapsed() > Duration::from_millis(10) {
                 checked = std::time::Instant::now();
                 if peer_pid.is_some_and(|p| !sys::process_alive(p)) {
+                    return;
+                }
+                if start.elapsed() > WITHDRAW_WAIT {
+                    tracing::error!(
+                        local_rank = self.me,
+                        local_peer = self.peer,
+                        "gave up waiting {:?} for the peer to finish reading a failed op's buffer",
+                        WITHDRAW_WAIT
+                    );
                     return;
                 }
             }
