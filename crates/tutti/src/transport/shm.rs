@@ -721,6 +721,12 @@ impl RingLink {
 /// (re-run after announcing ourselves) finds work.
 pub(crate) fn sleep_on(bell: &Doorbell, timeout: Duration, still_idle: impl FnOnce() -> bool) {
     bell.sleepers.fetch_add(1, Ordering::SeqCst);
+    // Pairs with the fence in `notify`: either the waker sees us among the
+    // sleepers, or `still_idle` sees what the waker published. The SeqCst
+    // increment alone orders only `sleepers`, not the Acquire loads
+    // `still_idle` makes of other words (on x86 the locked add is a full
+    // barrier anyway; on AArch64 it need not be).
+    fence(Ordering::SeqCst);
     let s = bell.seq.load(Ordering::SeqCst);
     if still_idle() && bell.aborted.load(Ordering::Relaxed) == 0 {
         sys::futex_wait(&bell.seq, s, timeout);
