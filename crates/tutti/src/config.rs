@@ -120,6 +120,13 @@ fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
+/// `now + timeout`, or a moment decades away where that overflows (a
+/// timeout of `Duration::MAX` means "no timeout").
+pub(crate) fn deadline_after(now: std::time::Instant, timeout: Duration) -> std::time::Instant {
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
+}
+
 fn secs(name: &str, v: &str) -> Result<Duration> {
     let s: f64 = v
         .trim()

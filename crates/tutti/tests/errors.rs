@@ -579,6 +579,35 @@ fn deadline_tcp_2() {
     common::procs("deadline_tcp_2", 2, Transport::Tcp, &[], deadline);
 }
 
+/// `Duration::MAX` as a per-call timeout means "no timeout": rank 1 joins
+/// late, so rank 0 stops spinning and computes its deadline; that used to
+/// overflow `Instant` and panic. Small (mailbox) and large (ring) calls.
+fn no_timeout(c: &Communicator, _: &Ctx) {
+    let o = Options {
+        algorithm: None,
+        timeout: Some(Duration::MAX),
+    };
+    for count in [5, 300_000] {
+        if c.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let mut x = vec![1f64; count];
+        c.all_reduce_with(&mut x, ReduceOp::Sum, &o)
+            .expect("all_reduce without a timeout");
+        assert!(x.iter().all(|&v| v == 2.0));
+    }
+}
+
+#[test]
+fn no_timeout_local_2() {
+    solo("no_timeout_local_2", &[], || threads(2, no_timeout));
+}
+
+#[test]
+fn no_timeout_shm_2() {
+    common::procs("no_timeout_shm_2", 2, Transport::Shm, &[], no_timeout);
+}
+
 /// The last rank exits (without dropping its communicator) after a first
 /// AllReduce; the others' next AllReduce must fail with `PeerLost`, long
 /// before the 120 s deadline.

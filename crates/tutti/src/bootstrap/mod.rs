@@ -359,7 +359,7 @@ pub(crate) fn rendezvous(
             "rank {rank} is not below the number of ranks {nranks}"
         )));
     }
-    let deadline = Instant::now() + cfg.connect_timeout;
+    let deadline = crate::config::deadline_after(Instant::now(), cfg.connect_timeout);
     let boot = |msg: String| Error::Bootstrap { rank, msg };
     // Rank 0 serves the store.
     let server = if rank == 0 {

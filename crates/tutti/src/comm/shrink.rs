@@ -45,7 +45,7 @@ impl Communicator {
             .position(|&r| r == self.rank())
             .expect("a survivor");
         let root = survivors[0];
-        let deadline = Instant::now() + self.config.connect_timeout;
+        let deadline = crate::config::deadline_after(Instant::now(), self.config.connect_timeout);
         let boot = |msg: String| Error::Bootstrap {
             rank: self.rank(),
             msg,

@@ -80,7 +80,7 @@ impl Communicator {
         {
             return self.split_local(members);
         }
-        let deadline = Instant::now() + self.config.connect_timeout;
+        let deadline = crate::config::deadline_after(Instant::now(), self.config.connect_timeout);
         let ip = self
             .ip
             .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));

@@ -193,7 +193,9 @@ fn run(
             return Err(Error::Aborted);
         }
         let now = Instant::now();
-        let deadline = *env.deadline.get_or_insert(now + env.timeout);
+        let deadline = *env
+            .deadline
+            .get_or_insert(crate::config::deadline_after(now, env.timeout));
         if now >= deadline {
             return Err(timeout_error(env, pad));
         }

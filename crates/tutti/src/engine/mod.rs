@@ -571,7 +571,8 @@ impl Completion {
     /// Waits up to `timeout` (forever if `None`); `None` if still running.
     pub(crate) fn wait(&self, timeout: Option<Duration>) -> Option<Result<()>> {
         let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout too long to add to now (Duration::MAX, say) waits forever.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
             if let Some(r) = g.as_ref() {
                 return Some(r.clone());

@@ -386,7 +386,9 @@ impl Mailbox {
                 return Err(Error::Aborted);
             }
             let now = Instant::now();
-            let deadline = *w.deadline.get_or_insert(now + w.timeout);
+            let deadline = *w
+                .deadline
+                .get_or_insert(crate::config::deadline_after(now, w.timeout));
             if now >= deadline {
                 let waiting_for = (0..self.slots.len())
                     .filter(|&p| p != self.me && !self.arrived(p, s))
