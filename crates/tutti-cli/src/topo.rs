@@ -148,10 +148,16 @@ fn describe(
         topo.hosts.len()
     );
     for (h, host) in topo.hosts.iter().enumerate() {
+        let cpus = if host.cpus > 0 {
+            host.cpus.to_string()
+        } else {
+            "?".into()
+        };
         s += &format!(
-            "  host {h}  {:<20} ranks {:<12} id {}\n",
+            "  host {h}  {:<20} ranks {:<12} cpus {:<4} id {}\n",
             short_host(&host.id),
             ranges(&host.ranks),
+            cpus,
             host.id
         );
     }

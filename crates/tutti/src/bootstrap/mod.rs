@@ -345,6 +345,9 @@ struct RankInfo {
     pid: i32,
     addr: SocketAddr,
     nranks: usize,
+    /// Online CPUs of this rank's machine (0 from a peer that does not say).
+    #[serde(default)]
+    cpus: usize,
 }
 
 /// Joins the job described by `id` as `rank` of `nranks`.
@@ -476,6 +479,7 @@ pub(crate) fn connect(
             pid: sys::pid(),
             addr: l.local_addr().map_err(|e| Error::io("peer listener", e))?,
             nranks,
+            cpus: sys::online_cpus(),
         })
         .expect("serialise"),
         None => Vec::new(),
@@ -520,6 +524,17 @@ pub(crate) fn connect(
             .collect();
     }
     let mut topo = Topology::from_host_ids(&ids);
+    // Every rank learns every host's CPUs, so that all price calls alike
+    // where ranks outnumber cores (`TuneCtx::cpu_share`).
+    for h in &mut topo.hosts {
+        h.cpus = h
+            .ranks
+            .iter()
+            .map(|&r| infos[r].cpus)
+            .filter(|&c| c > 0)
+            .min()
+            .unwrap_or(0);
+    }
     let my_host = topo.host_of[rank];
     let locals = topo.hosts[my_host].ranks.clone();
     let shm = cfg.transport == TransportChoice::Auto && locals.len() > 1;

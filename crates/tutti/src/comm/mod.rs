@@ -92,6 +92,27 @@ pub(crate) fn keep_rescue(core: &mut Core, l: Option<&std::net::TcpListener>) {
     }
 }
 
+/// The share of a core each rank gets on the most crowded host (at most 1):
+/// from the CPUs every host reported at set-up, the same on every rank, so
+/// that all ranks price calls alike (hosts with different core counts used
+/// to give different shares, and so different algorithms). A host that did
+/// not report its CPUs (ranks that are threads of this process) counts
+/// this machine's.
+pub(crate) fn cpu_share(topo: &Topology) -> f64 {
+    topo.hosts
+        .iter()
+        .filter(|h| !h.ranks.is_empty())
+        .map(|h| {
+            let cpus = if h.cpus > 0 {
+                h.cpus
+            } else {
+                crate::transport::sys::online_cpus()
+            };
+            cpus as f64 / h.ranks.len() as f64
+        })
+        .fold(1.0, f64::min)
+}
+
 /// The tuner's view of a communicator.
 pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate::tune::TuneCtx {
     crate::tune::TuneCtx {
@@ -104,14 +125,7 @@ pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate
             && config.transport != crate::config::TransportChoice::Tcp
             && topo.host_of.len() > 1
             && topo.host_of.iter().all(|&h| h == topo.host_of[0]),
-        cpu_share: {
-            let mut per_host = std::collections::HashMap::new();
-            for &h in &topo.host_of {
-                *per_host.entry(h).or_insert(0usize) += 1;
-            }
-            let most = per_host.values().copied().max().unwrap_or(1).max(1);
-            (crate::transport::sys::online_cpus() as f64 / most as f64).min(1.0)
-        },
+        cpu_share: cpu_share(topo),
         ring_bytes: config.ring_bytes,
     }
 }
@@ -335,5 +349,30 @@ impl Communicator {
     /// Number of ops this communicator has completed or failed.
     pub fn ops_done(&self) -> u64 {
         self.engine.with_core(|c| c.seq())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two hosts of 4 ranks each, with `a` and `b` CPUs.
+    fn two_hosts(a: usize, b: usize) -> Topology {
+        let ids: Vec<String> = (0..8).map(|r| format!("h{}", r / 4)).collect();
+        let mut t = Topology::from_host_ids(&ids);
+        t.hosts[0].cpus = a;
+        t.hosts[1].cpus = b;
+        t
+    }
+
+    #[test]
+    fn cpu_share_comes_from_every_hosts_cpus() {
+        // The crowded host decides, whatever this machine has.
+        assert_eq!(cpu_share(&two_hosts(2, 16)), 0.5);
+        assert_eq!(cpu_share(&two_hosts(16, 2)), 0.5);
+        assert_eq!(cpu_share(&two_hosts(8, 16)), 1.0);
+        // A host that did not report counts this machine's CPUs.
+        let here = crate::transport::sys::online_cpus() as f64;
+        assert_eq!(cpu_share(&two_hosts(0, 16)), (here / 4.0).min(1.0));
     }
 }

@@ -43,6 +43,11 @@ pub struct Host {
     pub id: String,
     /// Global ranks on this host, ascending.
     pub ranks: Vec<usize>,
+    /// Online CPUs of the host, as its ranks reported them at set-up (the
+    /// fewest, if they differ); 0 where unknown (ranks that are threads of
+    /// one process, or a saved topology without it).
+    #[serde(default)]
+    pub cpus: usize,
 }
 
 /// The communicator's topology.
@@ -74,6 +79,7 @@ impl Topology {
                     hosts.push(Host {
                         id: id.clone(),
                         ranks: Vec::new(),
+                        cpus: 0,
                     });
                     hosts.len() - 1
                 }
