@@ -863,6 +863,30 @@ impl Engine {
     }
 }
 
+impl Drop for Core {
+    fn drop(&mut self) {
+        // A communicator that ends healthy lets its TCP peers take the end
+        // of what it sent before the sockets close; one that failed closes
+        // them at once (its peers are failing too, and may read nothing).
+        let healthy = self.poisoned.is_none();
+        if let Some(io) = &self.io {
+            io.close_gracefully_on_stop(healthy);
+        }
+        if healthy {
+            let lanes: Vec<&crate::transport::tcp::Lanes> = self
+                .links
+                .iter()
+                .flatten()
+                .filter_map(|l| match l {
+                    Link::Tcp(t) => Some(t.lanes()),
+                    _ => None,
+                })
+                .collect();
+            crate::transport::tcp::close_gracefully(&lanes);
+        }
+    }
+}
+
 impl Drop for Engine {
     fn drop(&mut self) {
         let w = self

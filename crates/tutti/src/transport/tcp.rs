@@ -400,54 +400,93 @@ pub(crate) struct Lanes {
     rx: FrameSet,
 }
 
-impl Drop for Lanes {
-    fn drop(&mut self) {
-        close_gracefully(&self.lanes);
-    }
-}
+/// The longest a communicator's close waits for its TCP peers to
+/// acknowledge what was sent to them ([`close_gracefully`]).
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
-/// The longest a link's close waits for its peer to acknowledge what was
-/// sent on it ([`close_gracefully`]).
-const CLOSE_WAIT: Duration = Duration::from_secs(5);
+/// How long [`close_gracefully`] waits without any acknowledgement or
+/// incoming byte before it gives up: a peer that reads nothing (it is
+/// failing too, or stopped) will not take the rest.
+const CLOSE_STALL: Duration = Duration::from_millis(200);
 
-/// Closes a link's sockets without losing what they still have to send.
-/// Linux answers the close of a socket that holds unread incoming bytes (a
-/// liveness probe from a peer that was waiting on us, on a link we only
-/// send on) with a reset, which throws away whatever is still queued to
-/// send: the end of the last message the peer waits for. On a 4-host
-/// namespace cluster, a job whose last call was a 16 MiB ring AllReduce
-/// failed that way in 6 of 12 runs (`Connection reset by peer` on the
-/// receiving rank). So: stop writing (the FIN follows the queued bytes),
-/// then read and drop what arrives until the peer has acknowledged every
-/// byte sent (`SIOCOUTQ` is 0) or the connection is gone, for at most
-/// [`CLOSE_WAIT`]; bytes arriving after that can no longer cost the peer
-/// data.
-fn close_gracefully(lanes: &[Lane]) {
-    if lanes.is_empty() {
+/// Closes a communicator's TCP links (all of them at once, so that ranks
+/// closing at the same time drain one another) without losing what they
+/// still have to send. Linux answers the close of a socket that holds
+/// unread incoming bytes (a liveness probe from a peer that was waiting on
+/// us, on a link we only send on) with a reset, which throws away whatever
+/// is still queued to send: the end of the last message the peer waits
+/// for. On a 4-host namespace cluster, a job whose last call was a 16 MiB
+/// ring AllReduce failed that way in 6 of 12 runs (`Connection reset by
+/// peer` on the receiving rank). So: stop writing (the FIN follows the
+/// queued bytes), then read and drop what arrives until every peer has
+/// acknowledged every byte sent (`SIOCOUTQ` is 0) or its connection is
+/// gone, for at most [`CLOSE_WAIT`], and no longer than [`CLOSE_STALL`]
+/// without progress. Bytes arriving after that can no longer cost a peer
+/// data. The sockets close when the links are dropped.
+pub(crate) fn close_gracefully(all: &[&Lanes]) {
+    let socks: Vec<&TcpStream> = all
+        .iter()
+        .flat_map(|l| l.lanes.iter().map(|lane| &lane.sock))
+        .collect();
+    if socks.is_empty() {
         return;
     }
-    for l in lanes {
-        let _ = l.sock.shutdown(std::net::Shutdown::Write);
+    for s in &socks {
+        let _ = s.shutdown(std::net::Shutdown::Write);
     }
-    let fds: Vec<RawFd> = lanes.iter().map(|l| l.sock.as_raw_fd()).collect();
-    let deadline = Instant::now() + CLOSE_WAIT;
+    let start = Instant::now();
+    let mut progress_at = start;
+    let mut last_queued = i64::MAX;
     let mut buf = [0u8; 4096];
+    let mut ended = vec![false; socks.len()];
     loop {
-        let mut unacked = false;
-        for l in lanes {
-            // Drop what the peer sent; stop at the end of the stream, an
+        let mut queued_total: i64 = 0;
+        for (s, ended) in socks.iter().zip(&mut ended) {
+            // Drop what the peer sent, up to the end of the stream, an
             // error or nothing more to read now.
-            while matches!((&l.sock).read(&mut buf), Ok(n) if n > 0) {}
+            while !*ended {
+                match (&**s).read(&mut buf) {
+                    Ok(0) => *ended = true,
+                    Ok(_) => progress_at = Instant::now(),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        *ended = e.kind() != io::ErrorKind::WouldBlock;
+                        break;
+                    }
+                }
+            }
             let mut queued: libc::c_int = 0;
             // SAFETY: TIOCOUTQ (SIOCOUTQ for TCP) writes one c_int: the
             // bytes sent but not yet acknowledged, or never sent.
-            let r = unsafe { libc::ioctl(l.sock.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
-            unacked |= r == 0 && queued > 0;
+            let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+            if r == 0 {
+                queued_total += queued.max(0) as i64;
+            }
         }
-        if !unacked || Instant::now() >= deadline {
+        let now = Instant::now();
+        if queued_total < last_queued {
+            last_queued = queued_total;
+            progress_at = now;
+        }
+        if queued_total == 0
+            || now.duration_since(start) >= CLOSE_WAIT
+            || now.duration_since(progress_at) >= CLOSE_STALL
+        {
             return;
         }
-        super::sys::wait_readable(&fds, Duration::from_millis(1));
+        // Wait for input on the sockets still open (a closed one would
+        // wake us at once), or a moment for the acknowledgements.
+        let open: Vec<RawFd> = socks
+            .iter()
+            .zip(&ended)
+            .filter(|(_, &e)| !e)
+            .map(|(s, _)| s.as_raw_fd())
+            .collect();
+        if open.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        } else {
+            super::sys::wait_readable(&open, Duration::from_millis(1));
+        }
     }
 }
 
@@ -940,6 +979,11 @@ pub(crate) struct TcpLink {
 
 impl TcpLink {
     /// Wraps connected sockets to `peer` (one per lane, in lane order).
+    /// The link's sockets.
+    pub(crate) fn lanes(&self) -> &Lanes {
+        &self.lanes
+    }
+
     pub(crate) fn new(socks: Vec<TcpStream>, peer: usize, chunk: usize) -> Result<Self> {
         Ok(TcpLink {
             lanes: Lanes::new(socks, chunk)?,
@@ -1254,6 +1298,7 @@ mod tests {
         }
         // Every byte is written into the socket, the end of them still
         // queued on this side.
+        close_gracefully(&[link.lanes()]);
         drop(link);
         assert_eq!(reader.join().unwrap(), Ok(total));
     }

@@ -202,6 +202,9 @@ struct Shared {
     /// Set while the I/O thread is (about to be) asleep in `poll()`.
     sleeping: CachePadded<AtomicU32>,
     stop: AtomicBool,
+    /// Whether the thread closes the links gracefully when it stops (the
+    /// communicator ended healthy; see `tcp::close_gracefully`).
+    graceful: AtomicBool,
     /// Wakes the I/O thread from `poll()`.
     wake: OwnedFd,
     bell: Bell,
@@ -284,6 +287,7 @@ impl IoSet {
             kick: Default::default(),
             sleeping: Default::default(),
             stop: AtomicBool::new(false),
+            graceful: AtomicBool::new(false),
             wake,
             bell,
             spin,
@@ -314,6 +318,15 @@ impl IoSet {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .is_none_or(|h| h.is_finished())
+    }
+}
+
+impl IoSet {
+    /// Whether the I/O thread, when it stops, lets the peers take what is
+    /// still queued to them before the sockets close
+    /// (`tcp::close_gracefully`): for a communicator that ended healthy.
+    pub(crate) fn close_gracefully_on_stop(&self, yes: bool) {
+        self.shared.graceful.store(yes, Ordering::Release);
     }
 }
 
@@ -582,6 +595,10 @@ fn io_thread(sh: &Shared, mut sides: Vec<Side>) {
     loop {
         let kick = sh.kick.load(Ordering::SeqCst);
         if sh.stop.load(Ordering::Acquire) {
+            if sh.graceful.load(Ordering::Acquire) {
+                let lanes: Vec<&Lanes> = sides.iter().map(|s| &s.lanes).collect();
+                super::tcp::close_gracefully(&lanes);
+            }
             return;
         }
         let mut moved = false;
