@@ -101,6 +101,34 @@ fn bad_arguments(c: &Communicator, _: &Ctx) {
         ),
         &["all_to_all"],
     );
+    // A displacement whose end in bytes overflows: an error, never an
+    // access before the buffer.
+    let huge = vec![(1usize << 61) - 1; n];
+    invalid(
+        c.all_to_all_v(
+            &vec![0f64; 2 * n],
+            &vec![2; n],
+            &huge,
+            &mut vec![0f64; 2 * n],
+            &vec![2; n],
+            &huge,
+        ),
+        &["all_to_all", "overflow"],
+    );
+    // What a rank sends itself must be what it expects from itself.
+    let mut two = ones.clone();
+    two[c.rank()] = 2;
+    invalid(
+        c.all_to_all_v(
+            &vec![0u8; n + 1],
+            &two,
+            &displs,
+            &mut vec![0u8; n + 1],
+            &ones,
+            &displs,
+        ),
+        &["all_to_all", "send_counts"],
+    );
     // Roots out of range.
     for root in [n, n + 7] {
         invalid(

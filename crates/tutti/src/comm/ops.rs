@@ -129,12 +129,31 @@ impl Communicator {
                     )));
                 }
             }
+            // End of every block in bytes, without overflow: the buffer
+            // sizes below and the executor's offsets multiply by the element
+            // size (with wrapping arithmetic in a release build, a huge
+            // displacement would otherwise point before the buffer).
+            let end_ok = |count: usize, displ: usize| {
+                count
+                    .checked_add(displ)
+                    .and_then(|e| e.checked_mul(esz))
+                    .is_some_and(|b| b <= isize::MAX as usize)
+            };
             for q in 0..n {
-                if v.send_counts[q].checked_add(v.send_displs[q]).is_none()
-                    || v.recv_counts[q].checked_add(v.recv_displs[q]).is_none()
+                if !end_ok(v.send_counts[q], v.send_displs[q])
+                    || !end_ok(v.recv_counts[q], v.recv_displs[q])
                 {
-                    return Err(Error::arg(format!("{name}: counts/displacements overflow")));
+                    return Err(Error::arg(format!(
+                        "{name}: counts/displacements of rank {q} overflow the addressable size"
+                    )));
                 }
+            }
+            if v.send_counts[r] != v.recv_counts[r] {
+                return Err(Error::arg(format!(
+                    "{name}: rank {r} sends itself {} elements (send_counts[{r}]) but expects {} \
+                     (recv_counts[{r}]); they must be equal",
+                    v.send_counts[r], v.recv_counts[r]
+                )));
             }
         } else if c.coll == Collective::AllToAllV {
             return Err(Error::arg("all_to_all_v needs counts and displacements"));
