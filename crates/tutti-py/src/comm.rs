@@ -61,7 +61,10 @@ fn reduce_op(code: u8) -> PyResult<ReduceOp> {
 fn duration(secs: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
     match secs {
         None => Ok(None),
-        Some(s) if s.is_finite() && s > 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        // Beyond what a Duration holds (about 1.8e19 s): as long as it can be.
+        Some(s) if s.is_finite() && s > 0.0 => Ok(Some(
+            Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX),
+        )),
         Some(s) => Err(PyValueError::new_err(format!(
             "{what} must be a positive number of seconds, not {s}"
         ))),

@@ -231,8 +231,14 @@ impl PyWork {
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let deadline = match timeout {
-            Some(t) if t.is_finite() && t >= 0.0 => {
-                Some(Instant::now() + Duration::from_secs_f64(t))
+            // A timeout too long to count from now waits forever, like None.
+            Some(t) if t.is_finite() && t >= 0.0 => Duration::try_from_secs_f64(t)
+                .ok()
+                .and_then(|t| Instant::now().checked_add(t)),
+            Some(t) if t.is_nan() || t < 0.0 => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "timeout must be a number of seconds >= 0, not {t}"
+                )))
             }
             _ => None,
         };

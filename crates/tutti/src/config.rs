@@ -137,7 +137,8 @@ fn secs(name: &str, v: &str) -> Result<Duration> {
             "{name}={v:?} must be a positive number of seconds"
         )));
     }
-    Ok(Duration::from_secs_f64(s))
+    // Beyond what a Duration holds (about 1.8e19 s): as long as it can be.
+    Ok(Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX))
 }
 
 /// Parses an on/off setting.
