@@ -77,6 +77,12 @@ from ._torch_util import (
 
 __all__ = ["ProcessGroupTutti", "TuttiWork", "BACKEND_NAME", "register"]
 
+
+def _async_op(opts: Any) -> bool:
+    """Whether the caller wants a Work back: ``opts.asyncOp``. Option structs
+    of older torch releases lack it, and those always take a Work back."""
+    return bool(getattr(opts, "asyncOp", True))
+
 BACKEND_NAME = "tutti"
 
 # ---- the process group -------------------------------------------------------------------
@@ -183,7 +189,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
                     n = t.numel()
                     p = t.data_ptr()
                     nb = n * t.element_size()
-                    if not opts.asyncOp:
+                    if not _async_op(opts):
                         self._call(C.ALL_REDUCE, 0, code, opc, n, p, nb, p, nb)
                         return _DONE
                     return self._async1(C.ALL_REDUCE, 0, code, opc, n, p, nb, p, nb, tensors)
@@ -196,12 +202,14 @@ class ProcessGroupTutti(dist.ProcessGroup):
             bufs.append(b)
             nb = b.numel() * b.element_size()
             calls.append((C.ALL_REDUCE, 0, code, opc, b.numel(), b.data_ptr(), nb, b.data_ptr(), nb, None))
-        return self._submit(calls, bufs, post, tensors, opts.asyncOp)
+        return self._submit(calls, bufs, post, tensors, _async_op(opts))
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         o = AllreduceOptions()
         if opts is not None:
-            o.reduceOp, o.asyncOp = opts.reduceOp, opts.asyncOp
+            o.reduceOp = opts.reduceOp
+            if hasattr(o, "asyncOp"):
+                o.asyncOp = _async_op(opts)
         return self.allreduce(tensors, o)
 
     # ---- broadcast ----
@@ -217,7 +225,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
             bufs.append(b)
             nb = b.numel() * b.element_size()
             calls.append((C.BROADCAST, root, code, C.OP_SUM, nb // item, b.data_ptr(), nb, b.data_ptr(), nb, None))
-        return self._submit(calls, bufs, post, tensors, opts.asyncOp)
+        return self._submit(calls, bufs, post, tensors, _async_op(opts))
 
     # ---- reduce ----
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
@@ -239,7 +247,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
                 bufs.append(send)
             sl = send.numel() * send.element_size()
             calls.append((C.REDUCE, root, code, opc, send.numel(), send.data_ptr(), sl, rp, rl, None))
-        return self._submit(calls, bufs, post, tensors, opts.asyncOp)
+        return self._submit(calls, bufs, post, tensors, _async_op(opts))
 
     # ---- all_gather ----
     def allgather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Any:
@@ -272,7 +280,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
                 rc = [c * k for c in counts]
                 vc = ([inp.numel() * k] * n, [0] * n, rc, _prefix(rc))
                 calls.append((C.ALL_TO_ALL_V, 0, code, C.OP_SUM, 0, src.data_ptr(), sl, dst.data_ptr(), rl, vc))
-        return self._submit(calls, bufs, post, output_lists, opts.asyncOp)
+        return self._submit(calls, bufs, post, output_lists, _async_op(opts))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         if opts is None:
@@ -286,7 +294,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
         sl = src.numel() * src.element_size()
         rl = dst.numel() * dst.element_size()
         call = (C.ALL_GATHER, 0, code, C.OP_SUM, sl // item, src.data_ptr(), sl, dst.data_ptr(), rl, None)
-        return self._submit([call], (src, dst), post, [output], opts.asyncOp)
+        return self._submit([call], (src, dst), post, [output], _async_op(opts))
 
     _allgather_base = all_gather_single
 
@@ -300,12 +308,13 @@ class ProcessGroupTutti(dist.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def _coalesced(self, f: Callable[..., Any], outputs: Any, inputs: Any, opts: Any, mk: Any) -> Any:
-        async_op = True if opts is None else opts.asyncOp
+        async_op = True if opts is None else _async_op(opts)
         inner = mk()
         for a in ("reduceOp",):
             if opts is not None and hasattr(opts, a):
                 setattr(inner, a, getattr(opts, a))
-        inner.asyncOp = async_op
+        if hasattr(inner, "asyncOp"):
+            inner.asyncOp = async_op
         w = _DONE
         for o, i in zip(outputs, inputs):
             w = f(o, i, inner)
@@ -345,7 +354,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
                 nb = tmp.numel() * tmp.element_size()
                 calls.append((C.ALL_REDUCE, 0, code, opc, tmp.numel(), tmp.data_ptr(), nb, tmp.data_ptr(), nb, None))
                 post.append(lambda out=out, tmp=tmp, lo=lo: out.copy_(tmp[lo:lo + out.numel()].view(out.shape)))
-        return self._submit(calls, bufs, post, outputs, opts.asyncOp)
+        return self._submit(calls, bufs, post, outputs, _async_op(opts))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         if opts is None:
@@ -360,7 +369,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
         sl = src.numel() * src.element_size()
         rl = dst.numel() * dst.element_size()
         call = (C.REDUCE_SCATTER, 0, code, opc, dst.numel(), src.data_ptr(), sl, dst.data_ptr(), rl, None)
-        return self._submit([call], (src, dst), post, [output], opts.asyncOp)
+        return self._submit([call], (src, dst), post, [output], _async_op(opts))
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -396,7 +405,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
         else:
             call = (C.ALL_TO_ALL_V, 0, code, C.OP_SUM, 0, src.data_ptr(), sl, dst.data_ptr(), rl,
                     (sc, _prefix(sc), rc, _prefix(rc)))
-        return self._submit([call], (src, dst), post, output_tensors, opts.asyncOp)
+        return self._submit([call], (src, dst), post, output_tensors, _async_op(opts))
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int],
                       input_split_sizes: List[int], opts: Any = None) -> Any:
@@ -433,7 +442,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
             sc, rc = counts(src, input_split_sizes), counts(dst, output_split_sizes)
             call = (C.ALL_TO_ALL_V, 0, code, C.OP_SUM, 0, src.data_ptr(), sl, dst.data_ptr(), rl,
                     (sc, _prefix(sc), rc, _prefix(rc)))
-        return self._submit([call], (src, dst), post, [output], opts.asyncOp)
+        return self._submit([call], (src, dst), post, [output], _async_op(opts))
 
     all_to_all_single = alltoall_base
 
@@ -461,7 +470,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
                 bufs.append(dst)
                 rp, rl = dst.data_ptr(), dst.numel() * dst.element_size()
             calls.append((C.GATHER, root, code, C.OP_SUM, sl // item, src.data_ptr(), sl, rp, rl, None))
-        return self._submit(calls, bufs, post, output_lists, opts.asyncOp)
+        return self._submit(calls, bufs, post, output_lists, _async_op(opts))
 
     def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         if opts is None:
@@ -478,7 +487,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
             bufs.append(dst)
             rp, rl = dst.data_ptr(), dst.numel() * dst.element_size()
         call = (C.GATHER, root, code, C.OP_SUM, sl // item, src.data_ptr(), sl, rp, rl, None)
-        return self._submit([call], bufs, post, [output], opts.asyncOp)
+        return self._submit([call], bufs, post, [output], _async_op(opts))
 
     def scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None) -> Any:
         if opts is None:
@@ -503,7 +512,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
                 bufs.append(src)
                 sp, sl = src.data_ptr(), src.numel() * src.element_size()
             calls.append((C.SCATTER, root, code, C.OP_SUM, rl // item, sp, sl, dst.data_ptr(), rl, None))
-        return self._submit(calls, bufs, post, outputs, opts.asyncOp)
+        return self._submit(calls, bufs, post, outputs, _async_op(opts))
 
     # ---- point to point ----
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Any:
@@ -533,7 +542,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
 
     # ---- barrier ----
     def barrier(self, opts: Any = None) -> Any:
-        async_op = True if opts is None else opts.asyncOp
+        async_op = True if opts is None else _async_op(opts)
         return self._submit([(C.BARRIER, 0, C.U8, C.OP_SUM, 0, 0, 0, 0, 0, None)], None, [], [], async_op)
 
 
