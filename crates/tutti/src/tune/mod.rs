@@ -357,6 +357,14 @@ pub(crate) fn select(
     env: &AlgoOverride,
     ctx: &TuneCtx,
 ) -> Result<Choice> {
+    // Every rank must choose alike, and whether a rank runs in place is its
+    // own affair (one may call all_reduce, another all_reduce_into): price
+    // the call as out of place everywhere. The caller builds its schedule
+    // with its own in-place flag.
+    let p = &Problem {
+        in_place: false,
+        ..p.clone()
+    };
     let elem = dtype.size();
     let kind = p.coll.kind();
     let implements = |a: Algorithm| {
@@ -692,6 +700,47 @@ mod tests {
         ctx.model.mailbox_us = 3.0;
         ctx.cpu_share = 0.5;
         ctx
+    }
+
+    /// Whether a rank runs in place is its own affair: the choice (and the
+    /// chunk count) must not depend on it, or ranks that differ in it pick
+    /// different algorithms.
+    #[test]
+    fn in_place_does_not_change_the_choice() {
+        let env = AlgoOverride::default();
+        let mut differ = 0;
+        for ctx in [
+            TuneCtx::single_host(4),
+            shared_ctx(),
+            TuneCtx::single_host(3),
+        ] {
+            let n = ctx.host_of.len();
+            for coll in [
+                Collective::AllReduce,
+                Collective::ReduceScatter,
+                Collective::AllGather,
+            ] {
+                let mut count = 1;
+                while count <= 1 << 22 {
+                    let mut p = Problem::new(coll, n, 0, count);
+                    let out = select(&p, crate::DataType::F32, None, &env, &ctx).unwrap();
+                    p.in_place = true;
+                    let inp = select(&p, crate::DataType::F32, None, &env, &ctx).unwrap();
+                    assert_eq!(
+                        (out.algorithm, out.chunks),
+                        (inp.algorithm, inp.chunks),
+                        "{coll:?} count {count} on {n} ranks"
+                    );
+                    // What the choice would be if priced in place.
+                    let priced_in_place = rank_algorithms(&p, 4, &ctx)[0];
+                    differ += usize::from(priced_in_place.algorithm != out.algorithm);
+                    count = count * 3 + 1;
+                }
+            }
+        }
+        // The grid reaches a point where pricing in place would choose
+        // differently, so the test can tell.
+        assert!(differ > 0, "no crossover on the grid");
     }
 
     #[test]
