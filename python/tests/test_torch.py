@@ -292,6 +292,42 @@ def t_errors(ctx):
     return True
 
 
+def t_first_call_fails(ctx):
+    """An op the backend cuts into several core calls (one per tensor of a list) fails if
+    any of them fails, not only the last: the first call here is rejected at once (its
+    send length is short), the second runs; wait() must raise the first call's error."""
+    import torch
+
+    import tutti
+    from tutti import _codes as C
+    from tutti._torch_util import _reduce_codes
+
+    dist = ctx.dist()
+    import tutti.torch as tt
+
+    # A group of its own (earlier tests in this worker may have made others).
+    before = set(tt._groups)
+    group = dist.new_group(list(range(ctx.n)))
+    (pg,) = set(tt._groups) - before
+    a, b = torch.ones(8), torch.ones(16)
+    calls = []
+    for t, short in ((a, 4), (b, 0)):
+        code, opc = _reduce_codes(t, dist.ReduceOp.SUM)
+        nb = t.numel() * t.element_size()
+        calls.append((C.ALL_REDUCE, 0, code, opc, t.numel(), t.data_ptr(), nb - short, t.data_ptr(), nb, None))
+    w = pg._submit(calls, [a, b], [], [a, b], True)
+    try:
+        w.wait()
+    except tutti.InvalidArgumentError:
+        pass
+    else:
+        raise AssertionError("the first call's error was lost")
+    assert not w.is_success()
+    assert torch.all(b == ctx.n)
+    dist.barrier(group=group)
+    return True
+
+
 def t_many_async(ctx):
     """Many overlapping async ops, completed in order, futures chained."""
     import torch
@@ -368,6 +404,10 @@ def test_torch_subgroups(ranks):
 
 def test_torch_errors(ranks):
     ranks.run(t_errors)
+
+
+def test_torch_first_call_fails(ranks):
+    ranks.run(t_first_call_fails)
 
 
 def test_torch_many_async(ranks):

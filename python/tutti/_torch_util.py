@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any, List, Optional
 
 import torch
 import torch.distributed as dist
 
 from . import _codes as C
+from ._errors import TuttiError
 
 # ---- type and op mapping ------------------------------------------------------------------
 
@@ -228,25 +230,46 @@ class TuttiWork(dist._Work):
 
     def __init__(self, native: Any, fut: torch.futures.Future, outputs: Any):
         super().__init__()
-        self._w = native
+        # One native Work per call the op was cut into (a list of tensors is
+        # several calls); waiting waits for all, and the first error wins.
+        self._ws = list(native) if isinstance(native, (list, tuple)) else [native]
         self._fut = fut
         self._out = outputs
 
     def wait(self, timeout: Any = None) -> bool:
-        self._w.wait(_seconds(timeout))
+        # Every call is waited for before an error is raised (the first), so
+        # that no call still uses the tensors when wait() returns or raises;
+        # a timeout (the built-in TimeoutError: still running) is raised at once.
+        t = _seconds(timeout)
+        end = None if t is None else time.monotonic() + t
+        first: Optional[BaseException] = None
+        for w in self._ws:
+            try:
+                w.wait(None if end is None else max(end - time.monotonic(), 0.0))
+            except Exception as e:  # noqa: BLE001 - the op's error, raised below
+                if isinstance(e, TimeoutError) and not isinstance(e, TuttiError):
+                    raise  # still running
+                if first is None:
+                    first = e
+        if first is not None:
+            raise first
         return True
 
     def get_future(self) -> torch.futures.Future:
         return self._fut
 
     def is_completed(self) -> bool:
-        return self._w.is_completed()
+        return all(w.is_completed() for w in self._ws)
 
     def is_success(self) -> bool:
-        return self._w.is_success()
+        return all(w.is_success() for w in self._ws)
 
     def exception(self) -> Any:
-        return self._w.exception()
+        for w in self._ws:
+            e = w.exception()
+            if e is not None:
+                return e
+        return None
 
     def result(self) -> Any:
         return self._out

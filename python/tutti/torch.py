@@ -39,6 +39,7 @@ receiving from any source is not supported.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from typing import Any, Callable, List, Optional
 
@@ -148,17 +149,27 @@ class ProcessGroupTutti(dist.ProcessGroup):
                 return
             fut.set_result(outputs)
 
-        w = None
-        last = len(calls) - 1
-        for i, c in enumerate(calls):
-            if i < last:
-                call(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], None, True, None, None, c[9])
-            else:
-                w = call(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], None, True, (keep, outputs), done, c[9])
-        if w is None:  # nothing to do (an empty list of tensors)
+        if not calls:  # nothing to do (an empty list of tensors)
             done(None)
             return _DoneWork(outputs)
-        return TuttiWork(w, fut, outputs)
+        # Every call holds the buffers until it is done, and the last one to
+        # finish (in whatever order: a call that fails its argument check
+        # finishes at once) runs `done` with the first error.
+        lock = threading.Lock()
+        state = {"left": len(calls), "err": None}
+
+        def one(err: Optional[BaseException]) -> None:
+            with lock:
+                if err is not None and state["err"] is None:
+                    state["err"] = err
+                state["left"] -= 1
+                finished = state["left"] == 0
+            if finished:
+                done(state["err"])
+
+        ws = [call(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], None, True, (keep, outputs), one, c[9])
+              for c in calls]
+        return TuttiWork(ws, fut, outputs)
 
     def _async1(self, kind: int, arg: int, code: int, op: int, count: int, sp: int, sl: int, rp: int, rl: int,
                 outputs: Any) -> TuttiWork:
@@ -316,10 +327,13 @@ class ProcessGroupTutti(dist.ProcessGroup):
         if hasattr(inner, "asyncOp"):
             inner.asyncOp = async_op
         w = _DONE
+        natives: list = []
         for o, i in zip(outputs, inputs):
             w = f(o, i, inner)
+            if isinstance(w, TuttiWork):
+                natives.extend(w._ws)
         if isinstance(w, TuttiWork):
-            return TuttiWork(w._w, _then(w._fut, outputs), outputs)
+            return TuttiWork(natives, _then(w._fut, outputs), outputs)
         return _DoneWork(outputs)
 
     # ---- reduce_scatter ----
