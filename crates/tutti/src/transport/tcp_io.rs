@@ -312,21 +312,19 @@ impl IoSet {
         self.shared.bell.get()
     }
 
+    /// Whether the I/O thread, when it stops, lets the peers take what is
+    /// still queued to them before the sockets close
+    /// (`tcp::close_gracefully`): for a communicator that ended healthy.
+    pub(crate) fn close_gracefully_on_stop(&self, yes: bool) {
+        self.shared.graceful.store(yes, Ordering::Release);
+    }
+
     fn thread_gone(&self) -> bool {
         self.thread
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .is_none_or(|h| h.is_finished())
-    }
-}
-
-impl IoSet {
-    /// Whether the I/O thread, when it stops, lets the peers take what is
-    /// still queued to them before the sockets close
-    /// (`tcp::close_gracefully`): for a communicator that ended healthy.
-    pub(crate) fn close_gracefully_on_stop(&self, yes: bool) {
-        self.shared.graceful.store(yes, Ordering::Release);
     }
 }
 
