@@ -439,6 +439,7 @@ fn child() -> bool {
     match role.as_str() {
         "fault" => fault_rank(),
         "abort" => abort_rank(),
+        "abort_idle" => abort_idle_rank(),
         "timeout" => timeout_rank(),
         "mismatch" => mismatch_rank(),
         "shrink" => shrink_rank(),
@@ -1379,6 +1380,72 @@ fn abort_rank() {
     let lat = done.saturating_duration_since(at).as_millis();
     let asyn = comm.error().map_or("None", |e| kind(&e));
     println!("@@ R0 {} {lat} {asyn}", r.as_ref().err().map_or("Ok", kind));
+}
+
+/// Rank 0 aborts while no op runs, fails its next op, and stays alive (its
+/// communicator too) for 6 s; rank 1's op must fail with `PeerLost` well
+/// before that, not wait for rank 0's exit or its own timeout.
+fn abort_idle_rank() {
+    let comm = Communicator::from_env().unwrap();
+    let mut x = vec![1.0f32; 4096];
+    comm.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+    if comm.rank() == 0 {
+        comm.abort();
+        let r = comm.all_reduce(&mut x, ReduceOp::Sum);
+        println!("@@ R0 {}", r.err().map_or("Ok", |e| kind(&e)));
+        std::thread::sleep(Duration::from_secs(6));
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let r = comm.all_reduce(&mut x, ReduceOp::Sum);
+    println!(
+        "@@ R1 {} {}",
+        r.err().map_or("Ok", |e| kind(&e)),
+        t.elapsed().as_millis()
+    );
+}
+
+/// An abort while idle reaches TCP peers (`abort_idle_rank`).
+#[test]
+fn abort_idle_reaches_tcp_peers() {
+    if child() {
+        return;
+    }
+    let _s = serial();
+    let extra = vec![kv("TUTTI_TIMEOUT", 20), kv("TUTTI_TRANSPORT", "tcp")];
+    let mut g = local_group("abort_idle_reaches_tcp_peers", "abort_idle", 2, extra);
+    let mut other = Vec::new();
+    let got = g.collect(
+        &[0, 1],
+        &["R0", "R1"],
+        Instant::now() + Duration::from_secs(30),
+        &mut other,
+    );
+    println!("abort while idle (tcp): {got:?}");
+    let r0 = got[0]
+        .clone()
+        .unwrap_or_else(|| panic!("rank 0 did not report; log:\n{}", g.log_tail()));
+    let r1 = got[1]
+        .clone()
+        .unwrap_or_else(|| panic!("rank 1 did not report; log:\n{}", g.log_tail()));
+    assert_eq!(
+        r0.split_whitespace().nth(1),
+        Some("Aborted"),
+        "rank 0: {r0}"
+    );
+    let f1: Vec<&str> = r1.split_whitespace().collect();
+    assert_eq!(f1[1], "PeerLost", "rank 1: {r1}");
+    assert!(
+        f1[2].parse::<u64>().unwrap() < DETECT_MS,
+        "rank 1 took {} ms",
+        f1[2]
+    );
+    assert!(
+        g.wait_exit(&[0, 1], Instant::now() + Duration::from_secs(15))
+            .is_empty(),
+        "ranks did not exit"
+    );
 }
 
 fn abort_processes(tcp: bool) {

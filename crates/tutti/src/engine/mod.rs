@@ -283,6 +283,12 @@ impl Core {
             return Err(e.clone());
         }
         if abort.load(Ordering::Relaxed) {
+            // Aborted while idle: no op saw it fail, so tell the peers now
+            // (as `failed` does), or TCP peers would wait for their timeout.
+            self.poisoned = Some(Error::Aborted);
+            for l in self.links.iter().flatten() {
+                l.announce_failure();
+            }
             return Err(Error::Aborted);
         }
         if self.seq.is_multiple_of(64) {
