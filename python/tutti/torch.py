@@ -84,6 +84,7 @@ def _async_op(opts: Any) -> bool:
     of older torch releases lack it, and those always take a Work back."""
     return bool(getattr(opts, "asyncOp", True))
 
+
 BACKEND_NAME = "tutti"
 
 # ---- the process group -------------------------------------------------------------------
