@@ -1406,6 +1406,27 @@ fn abort_idle_rank() {
     );
 }
 
+/// Two ranks of `test` playing `role`: starts them and returns the group
+/// and the reports ("R0 ...", "R1 ...") both printed, within 30 s.
+fn two_reports(test: &str, role: &str, extra: Vec<(String, String)>) -> (Group, String, String) {
+    let mut g = local_group(test, role, 2, extra);
+    let mut other = Vec::new();
+    let got = g.collect(
+        &[0, 1],
+        &["R0", "R1"],
+        Instant::now() + Duration::from_secs(30),
+        &mut other,
+    );
+    println!("{test}: {got:?}");
+    let report = |r: usize| {
+        got[r]
+            .clone()
+            .unwrap_or_else(|| panic!("rank {r} did not report; log:\n{}", g.log_tail()))
+    };
+    let (r0, r1) = (report(0), report(1));
+    (g, r0, r1)
+}
+
 /// An abort while idle reaches TCP peers (`abort_idle_rank`).
 #[test]
 fn abort_idle_reaches_tcp_peers() {
@@ -1414,21 +1435,7 @@ fn abort_idle_reaches_tcp_peers() {
     }
     let _s = serial();
     let extra = vec![kv("TUTTI_TIMEOUT", 20), kv("TUTTI_TRANSPORT", "tcp")];
-    let mut g = local_group("abort_idle_reaches_tcp_peers", "abort_idle", 2, extra);
-    let mut other = Vec::new();
-    let got = g.collect(
-        &[0, 1],
-        &["R0", "R1"],
-        Instant::now() + Duration::from_secs(30),
-        &mut other,
-    );
-    println!("abort while idle (tcp): {got:?}");
-    let r0 = got[0]
-        .clone()
-        .unwrap_or_else(|| panic!("rank 0 did not report; log:\n{}", g.log_tail()));
-    let r1 = got[1]
-        .clone()
-        .unwrap_or_else(|| panic!("rank 1 did not report; log:\n{}", g.log_tail()));
+    let (mut g, r0, r1) = two_reports("abort_idle_reaches_tcp_peers", "abort_idle", extra);
     assert_eq!(
         r0.split_whitespace().nth(1),
         Some("Aborted"),
@@ -1459,21 +1466,7 @@ fn abort_processes(tcp: bool) {
     } else {
         "abort_unblocks_processes_shm"
     };
-    let mut g = local_group(test, "abort", 2, extra);
-    let mut other = Vec::new();
-    let got = g.collect(
-        &[0, 1],
-        &["R0", "R1"],
-        Instant::now() + Duration::from_secs(30),
-        &mut other,
-    );
-    println!("abort ({}): {got:?}", if tcp { "tcp" } else { "shm" });
-    let r0 = got[0]
-        .clone()
-        .unwrap_or_else(|| panic!("rank 0 did not report; log:\n{}", g.log_tail()));
-    let r1 = got[1]
-        .clone()
-        .unwrap_or_else(|| panic!("rank 1 did not report; log:\n{}", g.log_tail()));
+    let (mut g, r0, r1) = two_reports(test, "abort", extra);
     let f0: Vec<&str> = r0.split_whitespace().collect();
     assert_eq!(f0[1], "Aborted", "rank 0: {r0}");
     assert!(
