@@ -101,7 +101,6 @@ pub(crate) fn keep_rescue(core: &mut Core, l: Option<&std::net::TcpListener>) {
 pub(crate) fn cpu_share(topo: &Topology) -> f64 {
     topo.hosts
         .iter()
-        .filter(|h| !h.ranks.is_empty())
         .map(|h| {
             let cpus = if h.cpus > 0 {
                 h.cpus

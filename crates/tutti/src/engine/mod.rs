@@ -283,12 +283,9 @@ impl Core {
             return Err(e.clone());
         }
         if abort.load(Ordering::Relaxed) {
-            // Aborted while idle: no op saw it fail, so tell the peers now
-            // (as `failed` does), or TCP peers would wait for their timeout.
-            self.poisoned = Some(Error::Aborted);
-            for l in self.links.iter().flatten() {
-                l.announce_failure();
-            }
+            // Aborted while idle: no op saw it fail, so tell the peers now,
+            // or TCP peers would wait for their timeout.
+            self.poison(&Error::Aborted);
             return Err(Error::Aborted);
         }
         if self.seq.is_multiple_of(64) {
@@ -331,18 +328,23 @@ impl Core {
                 | Error::Aborted
         ) {
             tracing::error!(rank = self.rank, "{e}");
-            self.poisoned = Some(e.clone());
-            self.first_error
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_or_insert(e.clone());
+            self.poison(&e);
             self.recorder.dump(self.rank, self.nranks);
-            // Make peers fail fast instead of waiting for us.
-            for l in self.links.iter().flatten() {
-                l.announce_failure();
-            }
         }
         e
+    }
+
+    /// Marks the communicator failed with `e` (every later op returns it)
+    /// and tells the peers, so that they fail fast instead of waiting for us.
+    fn poison(&mut self, e: &Error) {
+        self.poisoned = Some(e.clone());
+        self.first_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(e.clone());
+        for l in self.links.iter().flatten() {
+            l.announce_failure();
+        }
     }
 
     fn run_inner(&mut self, c: &OpCall, abort: &AtomicBool, repeat: bool) -> Result<()> {
