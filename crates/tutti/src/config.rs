@@ -44,6 +44,7 @@ pub enum TransportChoice {
 /// | `TUTTI_SOCKET_IFNAME` | [`socket_ifname`](Config::socket_ifname) | any |
 /// | `TUTTI_HOST_ID` | [`host_id`](Config::host_id) | hostname + boot id + network namespace |
 /// | `TUTTI_DETERMINISTIC` (`0`, `1`) | [`deterministic`](Config::deterministic) | 0 |
+/// | `TUTTI_TUNE` (`online`, `model`) | [`online`](Config::online) | online |
 /// | `TUTTI_TOPO_FILE` | [`topo_file`](Config::topo_file) | detect |
 /// | `TUTTI_TCP_SOCKETS` | [`tcp_sockets`](Config::tcp_sockets) | auto |
 /// | `TUTTI_TCP_CHUNK` | [`tcp_chunk`](Config::tcp_chunk) | 256 KiB |
@@ -78,6 +79,11 @@ pub struct Config {
     pub host_id: Option<String>,
     /// Float reductions independent of the algorithm picked (rank order).
     pub deterministic: bool,
+    /// Auto times the algorithms the cost model prices close to its pick on
+    /// the first calls of each call shape and keeps the fastest
+    /// ([`tune::online`](crate::tune::online)); `false`: the cost model's
+    /// pick, always.
+    pub online: bool,
     /// A saved topology (`tutti topo --json`) whose host grouping replaces detection.
     pub topo_file: Option<String>,
     /// Sockets per TCP peer pair (1 to 8); `None` picks automatically. The
@@ -107,6 +113,7 @@ impl Default for Config {
             socket_ifname: None,
             host_id: None,
             deterministic: false,
+            online: true,
             topo_file: None,
             tcp_sockets: None,
             tcp_chunk: crate::transport::tcp::DEFAULT_CHUNK,
@@ -274,6 +281,17 @@ impl Config {
         c.topo_file = var("TUTTI_TOPO_FILE");
         if let Some(v) = var("TUTTI_DETERMINISTIC") {
             c.deterministic = flag("TUTTI_DETERMINISTIC", &v)?;
+        }
+        if let Some(v) = var("TUTTI_TUNE") {
+            c.online = match v.trim().to_ascii_lowercase().as_str() {
+                "online" => true,
+                "model" => false,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "TUTTI_TUNE={v:?}: use online or model"
+                    )))
+                }
+            };
         }
         if let Some(v) = var("TUTTI_SHM_MAILBOX") {
             c.mailbox = flag("TUTTI_SHM_MAILBOX", &v)?;

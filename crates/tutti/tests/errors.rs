@@ -387,6 +387,7 @@ env_case!(env_bad_settings, &[], || {
         ("TUTTI_ALGO", "all_reduce:bogus"),
         ("TUTTI_SHM_RING_BYTES", "3000"),
         ("TUTTI_TCP_CONGESTION", "cubic; rm"),
+        ("TUTTI_TUNE", "fast"),
     ] {
         std::env::set_var(k, v);
         config_err(tutti::Config::from_env(), &[k]);

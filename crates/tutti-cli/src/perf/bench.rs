@@ -382,6 +382,15 @@ impl<'a, T: Val> Bench<'a, T> {
         Ok(())
     }
 
+    /// Whether Auto is still timing candidate algorithms on this call
+    /// (online tuning); never for send_recv.
+    pub(crate) fn tuning(&self) -> bool {
+        self.kind != CollKind::SendRecv
+            && self
+                .comm
+                .is_tuning(collective(self.kind, self.root), self.count, T::DTYPE)
+    }
+
     /// Counts the output elements that differ from the expected formula.
     pub(crate) fn wrong(&self) -> u64 {
         let (n, r, c, g) = (self.comm.size(), self.comm.rank(), self.count, self.gen);

@@ -408,6 +408,12 @@ fn measure<T: Val>(
     in_place: bool,
 ) -> tutti::Result<Meas> {
     let (mut b, first) = first_call::<T>(comm, plan, kind, count, in_place)?;
+    // Auto times candidate algorithms on a shape's first calls (online
+    // tuning): let it decide before the warm-up, so that the timed calls
+    // run the algorithm it keeps.
+    while b.tuning() {
+        b.run()?;
+    }
     let more = plan.warmup.for_estimate(first).saturating_sub(1);
     let est = if more > 0 {
         all_max(comm, time_calls(&mut b, more)?)?

@@ -130,9 +130,11 @@ pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate
 }
 
 impl Communicator {
-    /// The algorithm and pipeline chunk count the tuner (or `TUTTI_ALGO`)
-    /// picks for `coll` with `count` elements of `dtype` on this
-    /// communicator, with the cost model's predicted time in microseconds.
+    /// The algorithm and pipeline chunk count Auto uses for `coll` with
+    /// `count` elements of `dtype` on this communicator: online tuning's
+    /// decision once calls of this shape have made it (`us`: the measured
+    /// time, the maximum over ranks), else what the tuner (or `TUTTI_ALGO`)
+    /// picks, with the cost model's predicted time in microseconds.
     pub fn plan(
         &self,
         coll: crate::Collective,
@@ -141,9 +143,30 @@ impl Communicator {
     ) -> Result<crate::tune::Choice> {
         let mut p = crate::algo::Problem::new(coll, self.size, self.rank, count);
         let mut ctx = tune_ctx(&self.topo, &self.config, self.ip.is_none() && self.size > 1);
-        ctx.model = self.cost_model();
+        let (model, state) = self
+            .engine
+            .with_core(|c| (c.tune.model, c.online_state(&p, dtype)));
+        ctx.model = model;
         p.hosts = ctx.hosts();
-        crate::tune::select(&p, dtype, None, &self.config.algo, &ctx)
+        match state {
+            Some(Ok(d)) => Ok(d),
+            _ => crate::tune::select(&p, dtype, None, &self.config.algo, &ctx),
+        }
+    }
+
+    /// Whether Auto is still timing candidate algorithms on calls of `coll`
+    /// with `count` elements of `dtype` (online tuning, see
+    /// [`tune::online`](crate::tune::online): at most
+    /// [`online::max_calls`](crate::tune::online::max_calls) calls per
+    /// shape; false before the first call). The same on every rank after
+    /// the same calls: a benchmark repeats its call until this is false
+    /// before it times.
+    pub fn is_tuning(&self, coll: crate::Collective, count: usize, dtype: crate::DataType) -> bool {
+        let p = crate::algo::Problem::new(coll, self.size, self.rank, count);
+        matches!(
+            self.engine.with_core(|c| c.online_state(&p, dtype)),
+            Some(Err(()))
+        )
     }
 
     /// `n` communicators for `n` threads of this process (like

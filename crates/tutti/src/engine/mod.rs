@@ -17,6 +17,7 @@ use crate::transport::mailbox::Mailbox;
 use crate::transport::shm::Doorbell;
 use crate::transport::tcp_io::IoSet;
 use crate::transport::{make_tag, Link, StepCx};
+use crate::tune::online::Trials;
 use executor::{Buffers, Env, Scratchpad};
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
@@ -159,6 +160,8 @@ pub(crate) struct Core {
     pub tune: crate::tune::TuneCtx,
     /// The last call's problem, forced algorithm, schedule and algorithm.
     last: Option<(Problem, Option<Algorithm>, Arc<Schedule>, Algorithm)>,
+    /// Online tuning's state per call shape ([`crate::tune::online`]).
+    shapes: HashMap<ShapeKey, Shape>,
     /// One-shot mailboxes, when every peer shares this rank's segment.
     mailbox: Option<Mailbox>,
     /// The last blocking call that went through the mailboxes, as the comm
@@ -226,6 +229,7 @@ impl Core {
             cache: HashMap::new(),
             tune: crate::tune::TuneCtx::single_host(nranks),
             last: None,
+            shapes: HashMap::new(),
             mailbox,
             repeat: None,
             oneshot_ran: false,
@@ -250,6 +254,29 @@ impl Core {
         self.cache.clear();
         self.last = None;
         self.repeat = None;
+        self.shapes.clear();
+    }
+
+    /// Online tuning's state for calls of `p` (with this communicator's
+    /// hosts) and `dtype`: `None` before the first such call, and where it
+    /// does not tune; `Err(())` while it tries candidates; its decision.
+    pub(crate) fn online_state(
+        &self,
+        p: &Problem,
+        dtype: DataType,
+    ) -> Option<std::result::Result<crate::tune::Choice, ()>> {
+        let key = (
+            Problem {
+                in_place: false,
+                hosts: self.tune.hosts(),
+                ..p.clone()
+            },
+            dtype,
+        );
+        match self.shapes.get(&key)? {
+            Shape::Decided(c) => Some(Ok(*c)),
+            Shape::Trying(_) => Some(Err(())),
+        }
     }
 
     /// The number of ops this communicator has run.
@@ -387,19 +414,26 @@ impl Core {
             chunks: 1,
             hosts: self.tune.hosts(),
         };
-        // Training loops repeat the same call: remember the last decision.
+        // Training loops repeat the same call: remember the last decision
+        // (not a trial's: the next call of the shape tries another).
+        let mut trial = None;
         let (sched, alg) = match &self.last {
             Some((p, a, s, alg)) if *a == c.algorithm && *p == problem => {
                 self.recorder.set_algorithm(alg.name());
                 (s.clone(), *alg)
             }
             _ => {
-                let (alg, s) = self.schedule_for(problem.clone(), bytes, c)?;
-                self.last = Some((problem, c.algorithm, s.clone(), alg));
+                let forced;
+                (forced, trial) = self.online_choice(&problem, c, bytes)?;
+                let (alg, s) = self.schedule_for(problem.clone(), forced, c)?;
+                self.last = trial
+                    .is_none()
+                    .then(|| (problem, c.algorithm, s.clone(), alg));
                 (s, alg)
             }
         };
         let coll_seq = self.next_coll_seq(c.coll);
+        let start = Instant::now();
         if alg == Algorithm::Direct
             && self.mailbox.is_some()
             && c.vcounts.is_none()
@@ -410,7 +444,117 @@ impl Core {
         } else {
             self.run_schedule(c, seq, coll_seq, &sched, abort)?;
         }
-        self.finish_avg(c)
+        self.finish_avg(c)?;
+        if let Some(key) = trial {
+            self.trial_done(key, start.elapsed().as_secs_f64(), abort)?;
+            // A trial is no repeat to skip the tuner for: other ranks (one
+            // whose buffers overlap, say) would ask the tuner and try the
+            // next candidate.
+            self.oneshot_ran = false;
+        }
+        Ok(())
+    }
+
+    /// The algorithm to run `c` with: the one forced for it, else online
+    /// tuning's decision for its shape, else (while its shape is being
+    /// tuned) the candidate to try, with the shape's key; `None`: the cost
+    /// model's pick.
+    fn online_choice(
+        &mut self,
+        problem: &Problem,
+        c: &OpCall,
+        bytes: usize,
+    ) -> Result<(Option<Algorithm>, Option<ShapeKey>)> {
+        if c.algorithm.is_some()
+            || !self.config.online
+            || c.vcounts.is_some()
+            || c.coll.kind() == crate::algo::CollKind::SendRecv
+            || self.nranks < 2
+        {
+            return Ok((c.algorithm, None));
+        }
+        let key = (
+            Problem {
+                in_place: false,
+                ..problem.clone()
+            },
+            c.dtype,
+        );
+        if !self.shapes.contains_key(&key) {
+            // Never forget a shape: every rank must agree on which shapes
+            // are being tuned (one that repeats a call skips the tuner), so
+            // past the bound new shapes get the cost model's pick.
+            if self.shapes.len() >= MAX_SHAPES {
+                return Ok((None, None));
+            }
+            let cands = crate::tune::candidates(&key.0, c.dtype, &self.config.algo, &self.tune)?;
+            let shape = if cands.len() < 2 {
+                Shape::Decided(cands[0])
+            } else {
+                Shape::Trying(Trials::new(cands, bytes))
+            };
+            self.shapes.insert(key.clone(), shape);
+        }
+        Ok(match &self.shapes[&key] {
+            Shape::Decided(d) => (Some(d.algorithm), None),
+            Shape::Trying(t) => (Some(t.next().0.algorithm), Some(key)),
+        })
+    }
+
+    /// After a trial call of `key`'s shape that took `secs` here: once every
+    /// candidate has its timed calls, the ranks agree on each candidate's
+    /// time (the maximum over ranks of each rank's median) and the shape
+    /// is decided.
+    fn trial_done(&mut self, key: ShapeKey, secs: f64, abort: &AtomicBool) -> Result<()> {
+        let Some(Shape::Trying(t)) = self.shapes.get_mut(&key) else {
+            return Ok(());
+        };
+        if !t.record(secs) {
+            return Ok(());
+        }
+        let cands = t.candidates().to_vec();
+        let mut us = t.medians_us();
+        self.all_max(&mut us, abort)?;
+        let d = crate::tune::online::decide(&cands, &us);
+        tracing::debug!(
+            rank = self.rank,
+            coll = key.0.coll.kind().name(),
+            count = key.0.count,
+            dtype = key.1.name(),
+            tried = ?cands.iter().map(|c| c.algorithm.name()).zip(&us).collect::<Vec<_>>(),
+            picked = d.algorithm.name(),
+            "online tuning"
+        );
+        self.shapes.insert(key, Shape::Decided(d));
+        Ok(())
+    }
+
+    /// AllReduce (max) of `v` among the ranks, inside the current op (every
+    /// rank makes it at the same point), with the cost model's algorithm.
+    fn all_max(&mut self, v: &mut [f64], abort: &AtomicBool) -> Result<()> {
+        let count = v.len();
+        let p = Problem {
+            hosts: self.tune.hosts(),
+            ..Problem::new(Collective::AllReduce, self.nranks, self.rank, count)
+        };
+        let alg = crate::tune::select(&p, DataType::F64, None, &self.config.algo, &self.tune)?;
+        let bytes = count * DataType::F64.size();
+        let call = OpCall {
+            coll: Collective::AllReduce,
+            dtype: DataType::F64,
+            op: ReduceOp::Max,
+            count,
+            vcounts: None,
+            in_place: true,
+            input: v.as_mut_ptr().cast(),
+            input_len: bytes,
+            output: v.as_mut_ptr().cast(),
+            output_len: bytes,
+            algorithm: Some(alg.algorithm),
+            timeout: None,
+            background: false,
+        };
+        self.run_inner(&call, abort, false)
     }
 
     /// What ring headers of the next op carry: the collective number (which
@@ -447,16 +591,15 @@ impl Core {
     fn schedule_for(
         &mut self,
         problem: Problem,
-        _bytes: usize,
+        forced: Option<Algorithm>,
         c: &OpCall,
     ) -> Result<(Algorithm, Arc<Schedule>)> {
-        let key = (problem, c.algorithm);
+        let key = (problem, forced);
         if let Some((a, s)) = self.cache.get(&key) {
             self.recorder.set_algorithm(a.name());
             return Ok((*a, s.clone()));
         }
-        let choice =
-            crate::tune::select(&key.0, c.dtype, c.algorithm, &self.config.algo, &self.tune)?;
+        let choice = crate::tune::select(&key.0, c.dtype, forced, &self.config.algo, &self.tune)?;
         let alg = choice.algorithm;
         let built = Problem {
             chunks: choice.chunks,
@@ -562,6 +705,23 @@ fn op_tag(c: &OpCall) -> u16 {
         c.coll.root().unwrap_or(0),
     )
 }
+
+/// A call shape as online tuning tells them apart: the problem priced out
+/// of place (whether a rank runs in place is its own affair), and the type.
+type ShapeKey = (Problem, DataType);
+
+/// Online tuning's state for one call shape.
+enum Shape {
+    /// Candidates still being timed.
+    Trying(Trials),
+    /// The algorithm picked (by measurement, or the only candidate).
+    Decided(crate::tune::Choice),
+}
+
+/// Shapes online tuning keeps apart; calls of further shapes get the cost
+/// model's pick. A training loop has a few dozen; `tutti perf`'s widest
+/// sweep (every collective, 1 B to 4 GiB) about 330.
+const MAX_SHAPES: usize = 4096;
 
 /// Completion state shared between an async op and its [`Work`](crate::Work) handle.
 #[derive(Default)]

@@ -7,6 +7,7 @@
 
 pub(crate) mod calibrate;
 pub mod cost;
+pub mod online;
 
 use crate::algo::{Algorithm, CollKind, Collective, Problem};
 use crate::error::{Error, Result};
@@ -328,17 +329,22 @@ pub fn rank_among(
 /// (the cost model sees bytes and ports, not flows).
 pub fn choose_with(p: &Problem, elem: usize, ctx: &TuneCtx) -> Choice {
     let v = rank_algorithms(p, elem, ctx);
-    let Some(&best) = v.first() else {
-        return Choice {
-            algorithm: choose(p, p.count * elem),
-            chunks: 1,
-            us: f64::NAN,
-        };
-    };
-    v.iter()
-        .find(|c| c.algorithm.is_hierarchical() && c.us <= best.us * (1.0 + HIER_SLACK))
-        .copied()
-        .unwrap_or(best)
+    model_pick(&v).unwrap_or(Choice {
+        algorithm: choose(p, p.count * elem),
+        chunks: 1,
+        us: f64::NAN,
+    })
+}
+
+/// [`choose_with`]'s pick among `v` (cheapest first), if any.
+fn model_pick(v: &[Choice]) -> Option<Choice> {
+    let best = *v.first()?;
+    Some(
+        v.iter()
+            .find(|c| c.algorithm.is_hierarchical() && c.us <= best.us * (1.0 + HIER_SLACK))
+            .copied()
+            .unwrap_or(best),
+    )
 }
 
 /// How much dearer (as a fraction) a hierarchical schedule may be priced
@@ -357,6 +363,37 @@ pub(crate) fn select(
     env: &AlgoOverride,
     ctx: &TuneCtx,
 ) -> Result<Choice> {
+    Ok(select_all(p, dtype, per_call, env, ctx)?[0])
+}
+
+/// What online tuning tries for `p` ([`online`]): [`select`]'s choice
+/// first, then, where the cost model chose (nothing forced), the other
+/// algorithms it prices within [`online::SPREAD`] of the cheapest, at most
+/// [`online::MAX_CANDIDATES`] in all, each with its best chunk count.
+pub(crate) fn candidates(
+    p: &Problem,
+    dtype: crate::DataType,
+    env: &AlgoOverride,
+    ctx: &TuneCtx,
+) -> Result<Vec<Choice>> {
+    let mut v = select_all(p, dtype, None, env, ctx)?;
+    let cheapest = v.iter().map(|c| c.us).fold(f64::INFINITY, f64::min);
+    let pick = v[0];
+    let rest = v.drain(1..).filter(|c| c.us <= cheapest * online::SPREAD);
+    let mut out = vec![pick];
+    out.extend(rest.take(online::MAX_CANDIDATES - 1));
+    Ok(out)
+}
+
+/// [`select`]'s choice first; where the cost model chose, the other
+/// algorithms it priced follow, cheapest first.
+fn select_all(
+    p: &Problem,
+    dtype: crate::DataType,
+    per_call: Option<Algorithm>,
+    env: &AlgoOverride,
+    ctx: &TuneCtx,
+) -> Result<Vec<Choice>> {
     // Every rank must choose alike, and whether a rank runs in place is its
     // own affair (one may call all_reduce, another all_reduce_into): price
     // the call as out of place everywhere. The caller builds its schedule
@@ -375,11 +412,11 @@ pub(crate) fn select(
         .is_some()
     };
     let forced = |a: Algorithm| {
-        best_chunks(p, elem, ctx, a).unwrap_or(Choice {
+        vec![best_chunks(p, elem, ctx, a).unwrap_or(Choice {
             algorithm: a,
             chunks: 1,
             us: f64::NAN,
-        })
+        })]
     };
     if let Some(a) = per_call {
         if !implements(a) {
@@ -423,11 +460,20 @@ pub(crate) fn select(
         // Only the rank-order algorithms: the result then does not depend on
         // which one is picked (nor on the rank count's factorisation).
         let v = rank_among(p, elem, ctx, &[Algorithm::Direct, Algorithm::TwoShot]);
-        if let Some(&c) = v.first() {
-            return Ok(c);
+        if !v.is_empty() {
+            return Ok(v);
         }
     }
-    Ok(choose_with(p, elem, ctx))
+    let mut v = rank_algorithms(p, elem, ctx);
+    match model_pick(&v) {
+        Some(pick) => {
+            if let Some(i) = v.iter().position(|c| *c == pick) {
+                v[..=i].rotate_right(1);
+            }
+            Ok(v)
+        }
+        None => Ok(vec![choose_with(p, elem, ctx)]),
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,181 @@
+//! Online tuning (`tune::online`): on the first calls of each call shape
+//! Auto tries the cost model's close candidates, then the ranks agree on
+//! the fastest. Every rank must try the same algorithm on the same call
+//! even where ranks call differently: one in place and another not, one
+//! whose repeated calls could skip the tuner (the engine's repeat path for
+//! mailbox calls) and one whose could not, asynchronous calls among
+//! blocking ones. A rank that ran another algorithm than its peers would
+//! fail with a mismatch or wait for its timeout; every result is checked.
+
+mod common;
+
+use common::{Ctx, Transport};
+use tutti::algo::Collective;
+use tutti::{Algorithm, Communicator, Config, DataType, ReduceOp};
+
+/// Rank r's value at element i of call k: small integers, exact in f32.
+fn val(r: usize, i: usize, k: usize) -> f32 {
+    ((r * 5 + i * 3 + k) % 11) as f32
+}
+
+/// The shapes tried: AllReduce of these counts, and ReduceScatter,
+/// Broadcast (root 1) and AllGather of the last but one.
+const COUNTS: [usize; 4] = [2, 2048, 16 << 10, 96 << 10];
+
+/// What the ranks agree on after the calls: every shape's plan on every
+/// rank, as indices into `Algorithm::ALL`.
+fn plans(c: &Communicator, count: usize) -> Vec<f64> {
+    let n = c.size();
+    let mut shapes = vec![
+        (Collective::ReduceScatter, count / n),
+        (Collective::Broadcast { root: 1 % n }, count),
+        (Collective::AllGather, count / n),
+    ];
+    shapes.extend(COUNTS.iter().map(|&k| (Collective::AllReduce, k)));
+    shapes
+        .into_iter()
+        .map(|(coll, k)| {
+            assert!(!c.is_tuning(coll, k, DataType::F32), "{coll:?} {k}");
+            let a = c.plan(coll, k, DataType::F32).unwrap().algorithm;
+            Algorithm::ALL.iter().position(|&x| x == a).unwrap() as f64
+        })
+        .collect()
+}
+
+/// Enough calls of each shape for online tuning to decide, made
+/// differently on each rank (see the module comment); returns how many
+/// shapes were still being tuned after their first call.
+fn tune_calls(c: &Communicator) -> usize {
+    let (n, r) = (c.size(), c.rank());
+    let mut tuned = 0;
+    for &count in &COUNTS {
+        let calls = tutti::tune::online::max_calls(count * 4) + 3;
+        let mut send = vec![0f32; count];
+        let mut recv = vec![0f32; count];
+        for k in 0..calls {
+            for (i, x) in send.iter_mut().enumerate() {
+                *x = val(r, i, k);
+            }
+            let want = |i: usize| (0..n).map(|q| val(q, i, k)).sum::<f32>();
+            match (r, k % 4) {
+                // Rank 0: the same buffers every time (its calls repeat).
+                (0, _) => c.all_reduce_into(&send, &mut recv, ReduceOp::Sum).unwrap(),
+                // Rank 1: in place, out of place, and asynchronous in turn.
+                (1, 0 | 2) => {
+                    recv.copy_from_slice(&send);
+                    c.all_reduce(&mut recv, ReduceOp::Sum).unwrap();
+                }
+                (1, 1) => {
+                    recv = c
+                        .all_reduce_async(send.clone(), ReduceOp::Sum)
+                        .wait()
+                        .unwrap();
+                }
+                // Others: fresh buffers.
+                _ => {
+                    let mut fresh = vec![0f32; count];
+                    c.all_reduce_into(&send, &mut fresh, ReduceOp::Sum).unwrap();
+                    recv = fresh;
+                }
+            }
+            for (i, v) in recv.iter().enumerate() {
+                assert_eq!(*v, want(i), "count {count} call {k} rank {r} i {i}");
+            }
+            if k == 0 && c.is_tuning(Collective::AllReduce, count, DataType::F32) {
+                tuned += 1;
+            }
+        }
+    }
+    // Three more collectives on the last but one size.
+    let count = COUNTS[2];
+    let calls = tutti::tune::online::max_calls(count * 4) + 3;
+    let block = count / n;
+    for k in 0..calls {
+        let mine: Vec<f32> = (0..block * n).map(|i| val(r, i, k)).collect();
+        let mut out = vec![0f32; block];
+        c.reduce_scatter(&mine, &mut out, ReduceOp::Sum).unwrap();
+        for (i, v) in out.iter().enumerate() {
+            let want = (0..n).map(|q| val(q, r * block + i, k)).sum::<f32>();
+            assert_eq!(*v, want, "reduce_scatter call {k} rank {r} i {i}");
+        }
+        let root = 1 % n;
+        let mut b = if r == root {
+            (0..count).map(|i| val(r, i, k)).collect()
+        } else {
+            vec![0f32; count]
+        };
+        c.broadcast(&mut b, root).unwrap();
+        assert!(b.iter().enumerate().all(|(i, &v)| v == val(root, i, k)));
+        let mut g = vec![0f32; block * n];
+        c.all_gather(&mine[..block], &mut g).unwrap();
+        for (j, v) in g.iter().enumerate() {
+            assert_eq!(*v, val(j / block, j % block, k), "all_gather call {k}");
+        }
+    }
+    tuned
+}
+
+/// The calls above, then a check that every rank decided alike.
+fn agree(c: &Communicator) {
+    let tuned = tune_calls(c);
+    // At least one shape had candidates to try: online tuning ran.
+    assert!(tuned > 0, "no shape was tuned");
+    let mine = plans(c, COUNTS[2]);
+    let mut all = vec![0f64; mine.len() * c.size()];
+    c.all_gather(&mine, &mut all).unwrap();
+    for (q, theirs) in all.chunks(mine.len()).enumerate() {
+        assert_eq!(theirs, &mine[..], "rank {q} against rank {}", c.rank());
+    }
+}
+
+#[test]
+fn online_tuning_agrees_threads() {
+    for n in [2, 3, 4] {
+        let comms = Communicator::init_all_with(n, Config::default()).unwrap();
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || agree(c));
+            }
+        });
+    }
+}
+
+#[test]
+fn online_tuning_agrees_shm_4() {
+    common::procs(
+        "online_tuning_agrees_shm_4",
+        4,
+        Transport::Shm,
+        &[],
+        |c, _: &Ctx| agree(c),
+    );
+}
+
+#[test]
+fn online_tuning_agrees_tcp_3() {
+    common::procs(
+        "online_tuning_agrees_tcp_3",
+        3,
+        Transport::Tcp,
+        &[],
+        |c, _: &Ctx| agree(c),
+    );
+}
+
+#[test]
+fn tune_model_does_not_try() {
+    common::procs(
+        "tune_model_does_not_try",
+        2,
+        Transport::Shm,
+        &[("TUTTI_TUNE", "model")],
+        |c, _: &Ctx| {
+            assert_eq!(tune_calls(c), 0);
+            // The plan is the cost model's.
+            let p = c
+                .plan(Collective::AllReduce, COUNTS[2], DataType::F32)
+                .unwrap();
+            assert!(p.us.is_finite());
+        },
+    );
+}
