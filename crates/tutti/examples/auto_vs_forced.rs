@@ -8,6 +8,8 @@
 //! time over the best forced one, and the picked algorithm's forced time
 //! over the best (the choice apart from the noise between two runs of one
 //! schedule; where Auto and its pick differ much, that noise is large).
+//! Before a size's rounds, Auto's calls run until its online tuning has
+//! decided (`TUTTI_TUNE=model` compares the cost model's pick instead).
 //!
 //! Environment: `AVF_COLL` (all_reduce, broadcast, reduce, all_gather,
 //! reduce_scatter; default all_reduce), `AVF_MIN`/`AVF_MAX` (bytes, default
@@ -126,9 +128,12 @@ fn main() -> tutti::Result<()> {
         }));
         // Iterations: about `ms` of Auto, the same count for every algorithm.
         time(&comm, &call, &opts[0], 5)?; // schedules, page faults
-                                          // Auto's online tuning times its candidates on a shape's first calls.
+                                          // Auto's online tuning times its candidates on a shape's first
+                                          // calls: let it, back to back as the timed calls run (a barrier
+                                          // between calls would have it time calls that start together).
         while comm.is_tuning(coll, count, DataType::F32) {
-            time(&comm, &call, &opts[0], 1)?;
+            // SAFETY: as in `time`.
+            unsafe { comm.run_raw(&call, &opts[0])? };
         }
         let pick = comm.plan(coll, count, DataType::F32)?;
         let t1 = time(&comm, &call, &opts[0], 20)?;

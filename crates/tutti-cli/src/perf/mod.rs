@@ -4,8 +4,9 @@
 //! `tutti run` would) and rank 0 prints; under `tutti run`, torchrun, Slurm
 //! or mpirun it uses the ranks it is given.
 //!
-//! For every size: one call to warm up and estimate the time, more warm-up
-//! calls, a barrier, `iters` timed back-to-back calls on every rank; the time
+//! For every size: one call to warm up and estimate the time, the calls
+//! Auto's online tuning spends on the shape (untimed), more warm-up calls, a
+//! barrier, `iters` timed back-to-back calls on every rank; the time
 //! reported is the mean per call, maximum over ranks. All ranks derive the
 //! same warm-up and iteration counts from an all-reduced estimate, so they
 //! always issue the same calls. With `-c 1` the inputs are then refilled with

@@ -503,7 +503,7 @@ impl Core {
 
     /// After a trial call of `key`'s shape that took `secs` here: once every
     /// candidate has its timed calls, the ranks agree on each candidate's
-    /// time (the maximum over ranks of each rank's median) and the shape
+    /// time (the maximum over ranks of each rank's mean) and the shape
     /// is decided.
     fn trial_done(&mut self, key: ShapeKey, secs: f64, abort: &AtomicBool) -> Result<()> {
         let Some(Shape::Trying(t)) = self.shapes.get_mut(&key) else {
@@ -513,7 +513,7 @@ impl Core {
             return Ok(());
         }
         let cands = t.candidates().to_vec();
-        let mut us = t.medians_us();
+        let mut us = t.means_us();
         self.all_max(&mut us, abort)?;
         let d = crate::tune::online::decide(&cands, &us);
         tracing::debug!(

@@ -6,7 +6,7 @@
 //! measured ones, and the fastest algorithm changed from one launch to the
 //! next by more than 10% as the scheduler placed the ranks differently
 //! (`docs/algorithms.md`): no fixed choice is right there. A training loop
-//! makes the same calls thousands of times, so a few calls per shape spent
+//! makes the same calls thousands of times, so some calls per shape spent
 //! measuring are cheap, and the measurement is of this launch.
 //!
 //! For a shape first seen (collective, rank count, count, roots, hosts,
@@ -14,17 +14,34 @@
 //! engine asks the tuner for [`candidates`](super::candidates): the model's
 //! pick first, then the others priced within [`SPREAD`] of the cheapest, at
 //! most [`MAX_CANDIDATES`]. With one candidate there is nothing to try.
-//! Otherwise, with k candidates and t = [`trials`] per candidate:
+//! Otherwise the candidates take turns, [`ROUNDS`] times, the model's
+//! pick first; in its turn a candidate runs a block of calls in a row,
+//! with (l, t) = [`trials`] for the call's size:
 //!
 //! ```text
-//!   call 0            the model's pick, untimed (first touch, schedules)
-//!   calls 1 ..= k*t   candidate (i - 1) mod k, timed: round robin, so
-//!                     drift hits every candidate alike
-//!   then              each rank takes the median of its times per
-//!                     candidate; one AllReduce (max) of those k numbers;
-//!                     the least wins, the model's pick unless another is
-//!                     faster by more than KEEP_MODEL
+//!   l calls        untimed (first touch, schedule, and the ranks settling
+//!                  after the switch from the last candidate)
+//!   t calls        timed
+//!   after ROUNDS   each rank takes the mean of its times per candidate;
+//!   x k (l + t)    one AllReduce (max) of those k numbers; the least
+//!   calls          wins, the model's pick unless another is faster by
+//!                  more than KEEP_MODEL
 //! ```
+//!
+//! The timed calls of a candidate move about 32 MiB in all (3 to 255
+//! calls), the untimed ones a quarter as many. Few calls measure the wrong
+//! thing where ranks share cores: they take many calls to fall into the
+//! rhythm in which they hand the cores to each other. 4 ranks on 2 cores,
+//! Reduce of 64 KiB, whose ring ran at 10.5 us a call in a loop: trials
+//! taking turns call by call (5 each) measured the ring at 714 us; in a row
+//! after one untimed call (5 each), 90 us; 256 in a row after 64 untimed,
+//! 5.7 us. The small calls that need many cost little: 4 x 320 calls of
+//! 64 KiB at the 6-82 us each measured there. The turns spread each
+//! candidate's calls over the trial: this machine slows down 3-5x for
+//! seconds at a time (2 ranks, AllReduce of 1 MiB: 75-80 us a call, then
+//! 300-400 us), and a candidate timed in one block only could fall in a
+//! slow stretch (4 ranks, Reduce of 64 MiB, one block of 3 calls each:
+//! the ring timed at 25.2 ms in one run and 39.9 ms in the next).
 //!
 //! Every rank sees the same shapes in the same order and prices them alike
 //! (that is what lets the model choose without talking), so every rank
@@ -41,35 +58,45 @@ pub const SPREAD: f64 = 2.0;
 /// At most this many candidates per shape (the model's pick included).
 pub const MAX_CANDIDATES: usize = 4;
 
-/// Below this many bytes per call, [`trials`] gives more timed calls per
-/// candidate: small calls are cheap and their single times noisier.
-const SMALL_BYTES: usize = 1 << 20;
+/// Each candidate's timed calls move about this many bytes in all (at
+/// least [`MIN_TRIALS`] calls, at most [`MAX_TRIALS`]): small calls need
+/// many to reach the rhythm they keep in a loop, and cost little.
+const TRIAL_BYTES: usize = 32 << 20;
+/// Most timed calls per candidate and round.
+const MAX_TRIALS: usize = 85;
+/// The candidates take turns this many times, each turn a block of calls
+/// in a row, so that every candidate's calls spread over the whole trial.
+pub const ROUNDS: usize = 3;
 
 /// Another candidate replaces the model's pick only when faster by more
 /// than this fraction: between near-equal candidates, keep what the model
 /// would pick (less churn from noise).
 pub const KEEP_MODEL: f64 = 0.03;
 
-/// Timed calls per candidate for a call of `bytes` bytes (count x element
-/// size, as the engine counts a call's bytes).
-pub fn trials(bytes: usize) -> usize {
-    if bytes < SMALL_BYTES {
-        5
-    } else {
-        3
-    }
+/// Untimed and timed calls in a candidate's block (one per round) for a
+/// call of `bytes` bytes (count x element size, as the engine counts a
+/// call's bytes): over the [`ROUNDS`], the timed ones move about
+/// [`TRIAL_BYTES`] (at least one a block, at most [`MAX_TRIALS`]); a
+/// quarter as many (at least one) lead in untimed.
+pub fn trials(bytes: usize) -> (usize, usize) {
+    let timed = (TRIAL_BYTES / ROUNDS / bytes.max(1)).clamp(1, MAX_TRIALS);
+    (timed.div_ceil(4), timed)
 }
 
-/// The most calls a shape of `bytes` bytes spends tuning (untimed first
-/// call included): after this many, Auto runs its decision.
+/// The most calls a shape of `bytes` bytes spends tuning: after this many,
+/// Auto runs its decision.
 pub fn max_calls(bytes: usize) -> usize {
-    1 + MAX_CANDIDATES * trials(bytes)
+    let (lead, timed) = trials(bytes);
+    ROUNDS * MAX_CANDIDATES * (lead + timed)
 }
 
 /// A shape's trials so far.
 #[derive(Clone, Debug)]
 pub(crate) struct Trials {
     cands: Vec<Choice>,
+    /// Untimed calls in a block, before its timed ones.
+    lead: usize,
+    /// Timed calls in a block.
     per: usize,
     calls: usize,
     /// Seconds per timed call, per candidate.
@@ -81,42 +108,55 @@ impl Trials {
     /// of `bytes` bytes.
     pub(crate) fn new(cands: Vec<Choice>, bytes: usize) -> Trials {
         debug_assert!(cands.len() >= 2);
-        let per = trials(bytes);
+        let (lead, per) = trials(bytes);
         Trials {
-            times: vec![Vec::with_capacity(per); cands.len()],
+            times: vec![Vec::with_capacity(ROUNDS * per); cands.len()],
             cands,
+            lead,
             per,
             calls: 0,
         }
     }
 
+    /// The next call's candidate (its index), and whether it is timed.
+    fn place(&self) -> (usize, bool) {
+        let block = self.lead + self.per;
+        let j = self.calls % (self.cands.len() * block);
+        (j / block, j % block >= self.lead)
+    }
+
     /// What the next call runs, and whether it is timed.
     pub(crate) fn next(&self) -> (Choice, bool) {
-        match self.calls {
-            0 => (self.cands[0], false),
-            i => (self.cands[(i - 1) % self.cands.len()], true),
-        }
+        let (k, timed) = self.place();
+        (self.cands[k], timed)
     }
 
     /// Records the call just made (`secs`: its time on this rank, used if
     /// it was timed). True once every candidate has its timed calls.
     pub(crate) fn record(&mut self, secs: f64) -> bool {
-        if self.calls > 0 {
-            let k = (self.calls - 1) % self.cands.len();
+        let (k, timed) = self.place();
+        if timed {
             self.times[k].push(secs);
         }
         self.calls += 1;
-        self.calls > self.cands.len() * self.per
+        self.calls == ROUNDS * self.cands.len() * (self.lead + self.per)
     }
 
-    /// The median of this rank's times per candidate, in microseconds.
-    pub(crate) fn medians_us(&self) -> Vec<f64> {
+    /// The mean of this rank's timed calls per candidate, in microseconds.
+    /// The mean, not the median: a loop's time per call is the mean, and
+    /// where a rank runs ahead of its peers (a root posting into the
+    /// mailboxes) most calls are quick and a few wait long; the median
+    /// missed those waits (Broadcast and Reduce of 256 KiB, 4 ranks on 2
+    /// cores: direct kept at 1.25x the tree's time and the ring's).
+    pub(crate) fn means_us(&self) -> Vec<f64> {
         self.times
             .iter()
             .map(|v| {
-                let mut v = v.clone();
-                v.sort_by(f64::total_cmp);
-                v.get(v.len() / 2).map_or(f64::INFINITY, |s| s * 1e6)
+                if v.is_empty() {
+                    f64::INFINITY
+                } else {
+                    v.iter().sum::<f64>() / v.len() as f64 * 1e6
+                }
             })
             .collect()
     }
@@ -128,7 +168,7 @@ impl Trials {
 }
 
 /// The winner among `cands` (the model's pick first) given `us[i]`, the
-/// time of candidate `i` (the maximum over ranks of each rank's median).
+/// time of candidate `i` (the maximum over ranks of each rank's mean).
 /// The `us` of the result is the measured time.
 pub(crate) fn decide(cands: &[Choice], us: &[f64]) -> Choice {
     let best = (0..cands.len())
@@ -162,32 +202,28 @@ mod tests {
     }
 
     #[test]
-    fn trials_go_round_robin_after_an_untimed_first_call() {
-        let mut t = Trials::new(cands(), 64);
-        let per = trials(64);
-        assert_eq!(t.next(), (cands()[0], false));
-        assert!(!t.record(99.0));
-        let mut seen = Vec::new();
-        for i in 0..3 * per {
-            let (c, timed) = t.next();
-            assert!(timed);
-            seen.push(c.algorithm);
-            // Candidate k takes 10 + k seconds, the last call of each 1000.
-            let k = i % 3;
-            let secs = if i / 3 == per - 1 {
-                1000.0
-            } else {
-                10.0 + k as f64
-            };
-            assert_eq!(t.record(secs), i == 3 * per - 1, "call {i}");
+    fn candidates_take_turns_in_blocks_after_untimed_calls() {
+        let bytes = 1 << 20;
+        let mut t = Trials::new(cands(), bytes);
+        let (lead, per) = trials(bytes);
+        assert_eq!((lead, per), (3, 10));
+        for round in 0..ROUNDS {
+            for (k, c) in cands().iter().enumerate() {
+                for _ in 0..lead {
+                    assert_eq!(t.next(), (*c, false));
+                    assert!(!t.record(99.0));
+                }
+                for j in 0..per {
+                    assert_eq!(t.next(), (*c, true));
+                    // Candidate k takes 10 + k and 20 + k seconds in turn.
+                    let secs = if j % 2 == 0 { 10.0 } else { 20.0 } + k as f64;
+                    let last = round == ROUNDS - 1 && k == 2 && j == per - 1;
+                    assert_eq!(t.record(secs), last, "{round} {k} {j}");
+                }
+            }
         }
-        assert_eq!(
-            &seen[..3],
-            &[Algorithm::Ring, Algorithm::Tree, Algorithm::Direct]
-        );
-        assert_eq!(&seen[3..6], &seen[..3]);
-        // The untimed call and the outliers do not count.
-        assert_eq!(t.medians_us(), vec![10e6, 11e6, 12e6]);
+        // The means of the timed calls; the untimed ones do not count.
+        assert_eq!(t.means_us(), vec![15e6, 16e6, 17e6]);
     }
 
     #[test]
@@ -203,13 +239,20 @@ mod tests {
 
     #[test]
     fn calls_spent_tuning_are_bounded() {
-        assert_eq!(max_calls(8), 1 + MAX_CANDIDATES * 5);
-        assert_eq!(max_calls(64 << 20), 1 + MAX_CANDIDATES * 3);
-        let mut t = Trials::new(cands(), 8);
-        let mut n = 0;
-        while !t.record(1.0) {
-            n += 1;
+        // Small calls: many (at most 85 timed a block), large ones few.
+        assert_eq!(trials(8), (22, 85));
+        assert_eq!(trials(64 << 10), (22, 85));
+        assert_eq!(trials(6 << 20), (1, 1));
+        assert_eq!(max_calls(64 << 20), ROUNDS * MAX_CANDIDATES * 2);
+        for bytes in [0, 8, 100 << 10, 1 << 20, 5 << 20, 1 << 30] {
+            let mut t = Trials::new(cands(), bytes);
+            let mut n = 1;
+            while !t.record(1.0) {
+                n += 1;
+            }
+            let (lead, per) = trials(bytes);
+            assert_eq!(n, ROUNDS * 3 * (lead + per), "{bytes}");
+            assert!(n <= max_calls(bytes));
         }
-        assert!(n < max_calls(8));
     }
 }
