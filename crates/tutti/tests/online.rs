@@ -11,7 +11,7 @@ mod common;
 
 use common::{Ctx, Transport};
 use tutti::algo::Collective;
-use tutti::{Algorithm, Communicator, Config, DataType, ReduceOp};
+use tutti::{Algorithm, Communicator, DataType, ReduceOp};
 
 /// Rank r's value at element i of call k: small integers, exact in f32.
 fn val(r: usize, i: usize, k: usize) -> f32 {
@@ -131,12 +131,7 @@ fn agree(c: &Communicator) {
 #[test]
 fn online_tuning_agrees_threads() {
     for n in [2, 3, 4] {
-        let comms = Communicator::init_all_with(n, Config::default()).unwrap();
-        std::thread::scope(|s| {
-            for c in &comms {
-                s.spawn(move || agree(c));
-            }
-        });
+        common::threads(n, |c, _: &Ctx| agree(c));
     }
 }
 
