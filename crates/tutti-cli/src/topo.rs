@@ -290,6 +290,10 @@ fn algorithm_table(comm: &Communicator, dtype: DataType) -> String {
         }
         s += "\n";
     }
+    if comm.config().online {
+        s += "(the cost model's picks; where it prices other algorithms within 2x, Auto times them on \
+              a shape's first calls and keeps the fastest: TUTTI_TUNE, docs/algorithms.md)\n";
+    }
     s
 }
 

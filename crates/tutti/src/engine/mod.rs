@@ -447,6 +447,9 @@ impl Core {
         self.finish_avg(c)?;
         if let Some(key) = trial {
             self.trial_done(key, start.elapsed().as_secs_f64(), abort)?;
+            // The flight recorder shows this call's algorithm, not that of
+            // the AllReduce that may have ended the trials.
+            self.recorder.set_algorithm(alg.name());
             // A trial is no repeat to skip the tuner for: other ranks (one
             // whose buffers overlap, say) would ask the tuner and try the
             // next candidate.

@@ -329,21 +329,23 @@ pub fn rank_among(
 /// (the cost model sees bytes and ports, not flows).
 pub fn choose_with(p: &Problem, elem: usize, ctx: &TuneCtx) -> Choice {
     let v = rank_algorithms(p, elem, ctx);
-    model_pick(&v).unwrap_or(Choice {
-        algorithm: choose(p, p.count * elem),
-        chunks: 1,
-        us: f64::NAN,
-    })
+    model_pick(&v).map_or(
+        Choice {
+            algorithm: choose(p, p.count * elem),
+            chunks: 1,
+            us: f64::NAN,
+        },
+        |i| v[i],
+    )
 }
 
-/// [`choose_with`]'s pick among `v` (cheapest first), if any.
-fn model_pick(v: &[Choice]) -> Option<Choice> {
-    let best = *v.first()?;
+/// Where in `v` (cheapest first) [`choose_with`]'s pick is, if `v` has any.
+fn model_pick(v: &[Choice]) -> Option<usize> {
+    let best = v.first()?;
     Some(
         v.iter()
-            .find(|c| c.algorithm.is_hierarchical() && c.us <= best.us * (1.0 + HIER_SLACK))
-            .copied()
-            .unwrap_or(best),
+            .position(|c| c.algorithm.is_hierarchical() && c.us <= best.us * (1.0 + HIER_SLACK))
+            .unwrap_or(0),
     )
 }
 
@@ -466,10 +468,8 @@ fn select_all(
     }
     let mut v = rank_algorithms(p, elem, ctx);
     match model_pick(&v) {
-        Some(pick) => {
-            if let Some(i) = v.iter().position(|c| *c == pick) {
-                v[..=i].rotate_right(1);
-            }
+        Some(i) => {
+            v[..=i].rotate_right(1);
             Ok(v)
         }
         None => Ok(vec![choose_with(p, elem, ctx)]),

@@ -11,7 +11,7 @@
 //!
 //! For a shape first seen (collective, rank count, count, roots, hosts,
 //! element type; not the buffers, nor whether a rank runs in place), the
-//! engine asks the tuner for [`candidates`](super::candidates): the model's
+//! engine asks the tuner for candidates (`tune::candidates`): the model's
 //! pick first, then the others priced within [`SPREAD`] of the cheapest, at
 //! most [`MAX_CANDIDATES`]. With one candidate there is nothing to try.
 //! Otherwise the candidates take turns, [`ROUNDS`] times, the model's
@@ -59,11 +59,11 @@ pub const SPREAD: f64 = 2.0;
 pub const MAX_CANDIDATES: usize = 4;
 
 /// Each candidate's timed calls move about this many bytes in all (at
-/// least [`MIN_TRIALS`] calls, at most [`MAX_TRIALS`]): small calls need
-/// many to reach the rhythm they keep in a loop, and cost little.
-const TRIAL_BYTES: usize = 32 << 20;
+/// least one call a turn, at most [`MAX_TRIALS`]): small calls need many
+/// to reach the rhythm they keep in a loop, and cost little.
+pub const TRIAL_BYTES: usize = 32 << 20;
 /// Most timed calls per candidate and round.
-const MAX_TRIALS: usize = 85;
+pub const MAX_TRIALS: usize = 85;
 /// The candidates take turns this many times, each turn a block of calls
 /// in a row, so that every candidate's calls spread over the whole trial.
 pub const ROUNDS: usize = 3;
