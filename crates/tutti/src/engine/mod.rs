@@ -423,12 +423,26 @@ impl Core {
                 (s.clone(), *alg)
             }
             _ => {
-                let forced;
-                (forced, trial) = self.online_choice(&problem, c, bytes)?;
-                let (alg, s) = self.schedule_for(problem.clone(), forced, c)?;
-                self.last = trial
-                    .is_none()
-                    .then(|| (problem, c.algorithm, s.clone(), alg));
+                let key = (problem, c.algorithm);
+                let (alg, s) = match self.cache.get(&key) {
+                    // Forced, or a shape online tuning has decided: one
+                    // lookup, as a loop over several shapes needs.
+                    Some((a, s)) => {
+                        self.recorder.set_algorithm(a.name());
+                        (*a, s.clone())
+                    }
+                    None => {
+                        let forced;
+                        (forced, trial) = self.online_choice(&key.0, c, bytes)?;
+                        let (alg, s) = self.schedule_for(key.0.clone(), forced, c)?;
+                        if trial.is_none() && forced != c.algorithm {
+                            // Decided online: remember it under the call's key.
+                            self.cache.insert(key.clone(), (alg, s.clone()));
+                        }
+                        (alg, s)
+                    }
+                };
+                self.last = trial.is_none().then(|| (key.0, key.1, s.clone(), alg));
                 (s, alg)
             }
         };

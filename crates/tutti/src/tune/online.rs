@@ -38,8 +38,9 @@
 //! 5.7 us. The small calls that need many cost little: 4 x 320 calls of
 //! 64 KiB at the 6-82 us each measured there. The turns spread each
 //! candidate's calls over the trial: this machine slows down 3-5x for
-//! seconds at a time (2 ranks, AllReduce of 1 MiB: 75-80 us a call, then
-//! 300-400 us), and a candidate timed in one block only could fall in a
+//! seconds at a time (2 ranks, AllReduce of 1 MiB, means of 50 calls:
+//! 69-99 us in one launch, 334-479 us in another, 123-218 us and then
+//! 302-400 us in a third), and a candidate timed in one block only could fall in a
 //! slow stretch (4 ranks, Reduce of 64 MiB, one block of 3 calls each:
 //! the ring timed at 25.2 ms in one run and 39.9 ms in the next).
 //!
@@ -147,7 +148,7 @@ impl Trials {
     /// where a rank runs ahead of its peers (a root posting into the
     /// mailboxes) most calls are quick and a few wait long; the median
     /// missed those waits (Broadcast and Reduce of 256 KiB, 4 ranks on 2
-    /// cores: direct kept at 1.25x the tree's time and the ring's).
+    /// cores: direct kept in two runs at 1.21-1.27x the best forced time).
     pub(crate) fn means_us(&self) -> Vec<f64> {
         self.times
             .iter()
