@@ -6,7 +6,9 @@
 # the order affect all of them alike; the table shows medians over
 # rounds (us per call), what Auto picked (algorithm/chunks), Auto's time
 # over the best forced algorithm's, and the picked algorithm's forced time
-# over the best (pick/best: the choice, apart from run-to-run noise).
+# over the best (pick/best: the choice, apart from run-to-run noise). The
+# two ratios are paired by round (the median of the ratios within a round);
+# auto/best_m is the ratio of the medians.
 # Usage: bench/auto_vs_forced.sh N [COLL] [MIN] [MAX]
 #   env: AVF_ROUNDS (default 7), AVF_MS (timed ms per measurement, default 20)
 set -euo pipefail

@@ -8,6 +8,12 @@
 //! time over the best forced one, and the picked algorithm's forced time
 //! over the best (the choice apart from the noise between two runs of one
 //! schedule; where Auto and its pick differ much, that noise is large).
+//! The two ratios are paired: for each forced algorithm, the median over
+//! rounds of the ratio within a round (a round lasts a fraction of a
+//! second, so a slow stretch of the machine that slows a whole round
+//! cancels), and the best is the algorithm against which that median is
+//! highest. The last column is Auto's median over the best median (not
+//! paired), for comparison.
 //! Before a size's rounds, Auto's calls run until its online tuning has
 //! decided (`TUTTI_TUNE=model` compares the cost model's pick instead).
 //!
@@ -87,13 +93,16 @@ fn main() -> tutti::Result<()> {
     if me == 0 {
         println!(
             "{kind}, {n} ranks, f32 sum: median of {rounds} rounds of the time per call (us); \
-             rounds alternate Auto and the forced algorithms, in rotating order"
+             rounds alternate Auto and the forced algorithms, in rotating order; ratios paired by round"
         );
         print!("{:>10} {:>18} {:>9}", "size", "auto picks", "auto");
         for a in &algs {
             print!(" {:>9}", &a.name()[..a.name().len().min(9)]);
         }
-        println!(" {:>16} {:>9} {:>9}", "best", "auto/best", "pick/best");
+        println!(
+            " {:>16} {:>9} {:>9} {:>11}",
+            "best", "auto/best", "pick/best", "auto/best_m"
+        );
     }
     let mut bytes = min.max(4);
     while bytes <= max {
@@ -151,13 +160,20 @@ fn main() -> tutti::Result<()> {
             }
         }
         if me == 0 {
-            let med: Vec<f64> = t.iter_mut().map(|v| median(v)).collect();
-            let (bi, best) = med[1..]
-                .iter()
-                .enumerate()
-                .min_by(|a, b| a.1.total_cmp(b.1))
-                .map(|(i, &v)| (i, v))
-                .expect("an algorithm");
+            // Paired: x's time over algorithm i's within each round, median
+            // over rounds; against the best, the highest of those.
+            let paired = |x: usize, i: usize| {
+                let mut r: Vec<f64> = t[x].iter().zip(&t[i]).map(|(a, b)| a / b).collect();
+                median(&mut r)
+            };
+            let over_best = |x: usize| {
+                (1..opts.len())
+                    .map(|i| (i - 1, paired(x, i)))
+                    .max_by(|a, b| a.1.total_cmp(&b.1))
+                    .expect("an algorithm")
+            };
+            let (bi, auto_best) = over_best(0);
+            let med: Vec<f64> = t.iter().map(|v| median(&mut v.clone())).collect();
             let cut = if pick.chunks > 1 {
                 format!("/{}", pick.chunks)
             } else {
@@ -177,12 +193,14 @@ fn main() -> tutti::Result<()> {
             let picked = algs
                 .iter()
                 .position(|&a| a == pick.algorithm)
-                .map_or(f64::NAN, |i| med[1 + i] / best);
+                .map_or(f64::NAN, |i| over_best(1 + i).1);
+            let best_med = med[1..].iter().copied().fold(f64::INFINITY, f64::min);
             println!(
-                " {:>16} {:>9.2} {:>9.2}",
+                " {:>16} {:>9.2} {:>9.2} {:>11.2}",
                 algs[bi].name(),
-                med[0] / best,
-                picked
+                auto_best,
+                picked,
+                med[0] / best_med
             );
         }
         bytes *= 4;
