@@ -538,7 +538,14 @@ impl Core {
             coll = key.0.coll.kind().name(),
             count = key.0.count,
             dtype = key.1.name(),
-            tried = ?cands.iter().map(|c| c.algorithm.name()).zip(&us).collect::<Vec<_>>(),
+            tried = ?cands
+                .iter()
+                .enumerate()
+                .map(|(c, x)| {
+                    let per_turn: Vec<f64> = us.iter().skip(c).step_by(cands.len()).copied().collect();
+                    (x.algorithm.name(), per_turn)
+                })
+                .collect::<Vec<_>>(),
             picked = d.algorithm.name(),
             "online tuning"
         );

@@ -14,21 +14,24 @@
 //! engine asks the tuner for candidates (`tune::candidates`): the model's
 //! pick first, then the others priced within [`SPREAD`] of the cheapest, at
 //! most [`MAX_CANDIDATES`]. With one candidate there is nothing to try.
-//! Otherwise the candidates take turns, [`ROUNDS`] times, the model's
-//! pick first; in its turn a candidate runs a block of calls in a row,
-//! with (l, t) = [`trials`] for the call's size:
+//! Otherwise the candidates take turns, [`ROUNDS`] times, turn t starting
+//! with candidate t (the model's pick first in the first); in its turn a
+//! candidate runs a block of calls in a row, with (l, t) = [`trials`] for
+//! the call's size:
 //!
 //! ```text
 //!   l calls        untimed (first touch, schedule, and the ranks settling
 //!                  after the switch from the last candidate)
 //!   t calls        timed
-//!   after ROUNDS   each rank takes the mean of its times per candidate;
-//!   x k (l + t)    one AllReduce (max) of those k numbers; the least
-//!   calls          wins, the model's pick unless another is faster by
+//!   after ROUNDS   each rank takes the mean of its times per candidate and
+//!   x k (l + t)    turn; one AllReduce (max) of those k x ROUNDS numbers;
+//!   calls          a candidate's score is the median over turns of its time
+//!                  over the model's pick's in the same turn; the least
+//!                  wins, the model's pick unless another is faster by
 //!                  more than KEEP_MODEL
 //! ```
 //!
-//! The timed calls of a candidate move about 32 MiB in all (3 to 255
+//! The timed calls of a candidate move about 32 MiB in all (9 to 255
 //! calls), the untimed ones a quarter as many. Few calls measure the wrong
 //! thing where ranks share cores: they take many calls to fall into the
 //! rhythm in which they hand the cores to each other. 4 ranks on 2 cores,
@@ -42,7 +45,13 @@
 //! 69-99 us in one launch, 334-479 us in another, 123-218 us and then
 //! 302-400 us in a third), and a candidate timed in one block only could fall in a
 //! slow stretch (4 ranks, Reduce of 64 MiB, one block of 3 calls each:
-//! the ring timed at 25.2 ms in one run and 39.9 ms in the next).
+//! the ring timed at 25.2 ms in one run and 39.9 ms in the next). Scoring
+//! by turn cancels a slow stretch that spans a turn; the median drops a
+//! turn that one only partly covered. The rotating order keeps the first
+//! block of a turn from always being the same candidate's: with the model's
+//! pick first in every turn, 2 ranks, ReduceScatter of 16 and 64 MiB, the
+//! ring's means were 1.09-1.69x halving-doubling's in four runs, where in
+//! a loop the two ran within 10% of each other.
 //!
 //! Every rank sees the same shapes in the same order and prices them alike
 //! (that is what lets the model choose without talking), so every rank
@@ -60,10 +69,15 @@ pub const SPREAD: f64 = 2.0;
 pub const MAX_CANDIDATES: usize = 4;
 
 /// Each candidate's timed calls move about this many bytes in all (at
-/// least one call a turn, at most [`MAX_TRIALS`]): small calls need many
-/// to reach the rhythm they keep in a loop, and cost little.
+/// least [`MIN_TRIALS`] calls a turn, at most [`MAX_TRIALS`]): small calls
+/// need many to reach the rhythm they keep in a loop, and cost little.
 pub const TRIAL_BYTES: usize = 32 << 20;
-/// Most timed calls per candidate and round.
+/// Fewest timed calls per candidate and turn. With one, a turn's time was
+/// one call's, and one call of a large shape varies too much here (2 ranks,
+/// ReduceScatter of 16 MiB, one timed call a turn: the ring's mean 5.07 ms
+/// and 3.80 ms in two runs where it ran 2.4-2.6 ms a call in the loop).
+pub const MIN_TRIALS: usize = 3;
+/// Most timed calls per candidate and turn.
 pub const MAX_TRIALS: usize = 85;
 /// The candidates take turns this many times, each turn a block of calls
 /// in a row, so that every candidate's calls spread over the whole trial.
@@ -74,13 +88,13 @@ pub const ROUNDS: usize = 3;
 /// would pick (less churn from noise).
 pub const KEEP_MODEL: f64 = 0.03;
 
-/// Untimed and timed calls in a candidate's block (one per round) for a
+/// Untimed and timed calls in a candidate's block (one per turn) for a
 /// call of `bytes` bytes (count x element size, as the engine counts a
 /// call's bytes): over the [`ROUNDS`], the timed ones move about
-/// [`TRIAL_BYTES`] (at least one a block, at most [`MAX_TRIALS`]); a
+/// [`TRIAL_BYTES`] (from [`MIN_TRIALS`] to [`MAX_TRIALS`] a block); a
 /// quarter as many (at least one) lead in untimed.
 pub fn trials(bytes: usize) -> (usize, usize) {
-    let timed = (TRIAL_BYTES / ROUNDS / bytes.max(1)).clamp(1, MAX_TRIALS);
+    let timed = (TRIAL_BYTES / ROUNDS / bytes.max(1)).clamp(MIN_TRIALS, MAX_TRIALS);
     (timed.div_ceil(4), timed)
 }
 
@@ -88,7 +102,7 @@ pub fn trials(bytes: usize) -> (usize, usize) {
 /// Auto runs its decision.
 pub fn max_calls(bytes: usize) -> usize {
     let (lead, timed) = trials(bytes);
-    ROUNDS * MAX_CANDIDATES * (lead + timed)
+    (ROUNDS * MAX_CANDIDATES + 1) * (lead + timed)
 }
 
 /// A shape's trials so far.
@@ -100,8 +114,8 @@ pub(crate) struct Trials {
     /// Timed calls in a block.
     per: usize,
     calls: usize,
-    /// Seconds per timed call, per candidate.
-    times: Vec<Vec<f64>>,
+    /// Seconds of timed calls, per turn and candidate (`turn * k + c`).
+    secs: Vec<f64>,
 }
 
 impl Trials {
@@ -111,7 +125,7 @@ impl Trials {
         debug_assert!(cands.len() >= 2);
         let (lead, per) = trials(bytes);
         Trials {
-            times: vec![Vec::with_capacity(ROUNDS * per); cands.len()],
+            secs: vec![0.0; ROUNDS * cands.len()],
             cands,
             lead,
             per,
@@ -119,46 +133,51 @@ impl Trials {
         }
     }
 
-    /// The next call's candidate (its index), and whether it is timed.
-    fn place(&self) -> (usize, bool) {
+    /// The next call's turn, candidate (its index) and whether it is timed.
+    /// Turn t starts with candidate t (mod k): each candidate takes each
+    /// place in the order alike (the first block of a turn follows the
+    /// switch from the last one, or whatever ran before the trials).
+    /// Before the turns, one block's worth of untimed calls of the model's
+    /// pick warms up.
+    fn place(&self) -> (usize, usize, bool) {
+        let k = self.cands.len();
         let block = self.lead + self.per;
-        let j = self.calls % (self.cands.len() * block);
-        (j / block, j % block >= self.lead)
+        let Some(calls) = self.calls.checked_sub(block) else {
+            return (0, 0, false);
+        };
+        let turn = calls / (k * block);
+        let j = calls % (k * block);
+        (turn, (turn + j / block) % k, j % block >= self.lead)
     }
 
     /// What the next call runs, and whether it is timed.
     pub(crate) fn next(&self) -> (Choice, bool) {
-        let (k, timed) = self.place();
-        (self.cands[k], timed)
+        let (_, c, timed) = self.place();
+        (self.cands[c], timed)
     }
 
     /// Records the call just made (`secs`: its time on this rank, used if
     /// it was timed). True once every candidate has its timed calls.
     pub(crate) fn record(&mut self, secs: f64) -> bool {
-        let (k, timed) = self.place();
+        let (turn, c, timed) = self.place();
         if timed {
-            self.times[k].push(secs);
+            self.secs[turn * self.cands.len() + c] += secs;
         }
         self.calls += 1;
-        self.calls == ROUNDS * self.cands.len() * (self.lead + self.per)
+        self.calls == (ROUNDS * self.cands.len() + 1) * (self.lead + self.per)
     }
 
-    /// The mean of this rank's timed calls per candidate, in microseconds.
-    /// The mean, not the median: a loop's time per call is the mean, and
-    /// where a rank runs ahead of its peers (a root posting into the
-    /// mailboxes) most calls are quick and a few wait long; the median
-    /// missed those waits (Broadcast and Reduce of 256 KiB, 4 ranks on 2
-    /// cores: direct kept in two runs at 1.21-1.27x the best forced time).
+    /// This rank's mean time per call of each candidate in each turn, in
+    /// microseconds, turn by turn (`turn * k + candidate`). The mean, not
+    /// the median: a loop's time per call is the mean, and where a rank
+    /// runs ahead of its peers (a root posting into the mailboxes) most
+    /// calls are quick and a few wait long; the median missed those waits
+    /// (Broadcast and Reduce of 256 KiB, 4 ranks on 2 cores: direct kept in
+    /// two runs at 1.21-1.27x the best forced time).
     pub(crate) fn means_us(&self) -> Vec<f64> {
-        self.times
+        self.secs
             .iter()
-            .map(|v| {
-                if v.is_empty() {
-                    f64::INFINITY
-                } else {
-                    v.iter().sum::<f64>() / v.len() as f64 * 1e6
-                }
-            })
+            .map(|s| s / self.per as f64 * 1e6)
             .collect()
     }
 
@@ -168,21 +187,34 @@ impl Trials {
     }
 }
 
-/// The winner among `cands` (the model's pick first) given `us[i]`, the
-/// time of candidate `i` (the maximum over ranks of each rank's mean).
-/// The `us` of the result is the measured time.
+/// The winner among `cands` (the model's pick first) given `us`, the time
+/// per call of each candidate in each turn (`turn * k + candidate`; the
+/// maximum over ranks of each rank's mean). Paired by turn: a candidate's
+/// score is the median over turns of its time over the model's pick's in
+/// that turn, so that a slow stretch of the machine, which slows a whole
+/// turn, cancels. The least score wins; the model's pick (score 1) unless
+/// another is faster by more than [`KEEP_MODEL`]. The `us` of the result
+/// is the winner's mean time over the turns.
 pub(crate) fn decide(cands: &[Choice], us: &[f64]) -> Choice {
-    let best = (0..cands.len())
-        .min_by(|&a, &b| us[a].total_cmp(&us[b]))
-        .unwrap_or(0);
-    let i = if us[0] <= us[best] * (1.0 + KEEP_MODEL) {
-        0
-    } else {
-        best
+    let k = cands.len();
+    let turns = us.len() / k;
+    let score = |c: usize| {
+        let mut r: Vec<f64> = (0..turns)
+            .map(|t| us[t * k + c] / us[t * k])
+            .map(|x| if x.is_nan() { f64::INFINITY } else { x })
+            .collect();
+        r.sort_by(f64::total_cmp);
+        r[turns / 2]
     };
+    let best = (1..k)
+        .map(|c| (c, score(c)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .filter(|&(_, x)| x * (1.0 + KEEP_MODEL) < 1.0)
+        .map_or(0, |(c, _)| c);
+    let mean = (0..turns).map(|t| us[t * k + best]).sum::<f64>() / turns as f64;
     Choice {
-        us: us[i],
-        ..cands[i]
+        us: mean,
+        ..cands[best]
     }
 }
 
@@ -209,42 +241,78 @@ mod tests {
         let (lead, per) = trials(bytes);
         assert_eq!((lead, per), (3, 10));
         for round in 0..ROUNDS {
-            for (k, c) in cands().iter().enumerate() {
+            for slot in 0..3 {
+                // Turn `round` starts with candidate `round`.
+                let k = (round + slot) % 3;
+                let c = cands()[k];
                 for _ in 0..lead {
-                    assert_eq!(t.next(), (*c, false));
+                    assert_eq!(t.next(), (c, false));
                     assert!(!t.record(99.0));
                 }
                 for j in 0..per {
-                    assert_eq!(t.next(), (*c, true));
-                    // Candidate k takes 10 + k and 20 + k seconds in turn.
-                    let secs = if j % 2 == 0 { 10.0 } else { 20.0 } + k as f64;
-                    let last = round == ROUNDS - 1 && k == 2 && j == per - 1;
+                    assert_eq!(t.next(), (c, true));
+                    // Candidate k takes 10 + k and 20 + k seconds in turn,
+                    // plus the turn's number.
+                    let secs = if j % 2 == 0 { 10.0 } else { 20.0 } + (k + round) as f64;
+                    let last = round == ROUNDS - 1 && slot == 2 && j == per - 1;
                     assert_eq!(t.record(secs), last, "{round} {k} {j}");
                 }
             }
         }
-        // The means of the timed calls; the untimed ones do not count.
-        assert_eq!(t.means_us(), vec![15e6, 16e6, 17e6]);
+        // The means of the timed calls per turn and candidate; the untimed
+        // ones do not count.
+        let want: Vec<f64> = (0..ROUNDS)
+            .flat_map(|r| (0..3).map(move |k| (15 + k + r) as f64 * 1e6))
+            .collect();
+        assert_eq!(t.means_us(), want);
     }
 
     #[test]
-    fn decision_keeps_the_models_pick_unless_clearly_beaten() {
+    fn decision_is_paired_by_turn_and_keeps_the_models_pick_unless_clearly_beaten() {
         let c = cands();
-        let d = decide(&c, &[100.0, 98.0, 99.0]);
-        assert_eq!((d.algorithm, d.us), (Algorithm::Ring, 100.0));
-        let d = decide(&c, &[100.0, 90.0, 95.0]);
-        assert_eq!((d.algorithm, d.us), (Algorithm::Tree, 90.0));
-        let d = decide(&c, &[f64::INFINITY, 90.0, 80.0]);
+        // Near-equal in every turn: the model's pick stays.
+        let d = decide(&c, &[100.0, 98.0, 99.0, 200.0, 196.0, 198.0]);
+        assert_eq!((d.algorithm, d.us), (Algorithm::Ring, 150.0));
+        // Tree 10% faster in every turn, though its times in a slow second
+        // turn exceed everything in the first: paired, it wins.
+        let d = decide(
+            &c,
+            &[100.0, 90.0, 95.0, 300.0, 270.0, 290.0, 100.0, 90.0, 95.0],
+        );
+        assert_eq!((d.algorithm, d.us), (Algorithm::Tree, 150.0));
+        // One turn where direct looks fast does not make it win: the median
+        // of its ratios (1.2, 0.5, 1.2) is 1.2.
+        let d = decide(
+            &c,
+            &[100.0, 101.0, 120.0, 100.0, 101.0, 50.0, 100.0, 101.0, 120.0],
+        );
+        assert_eq!(d.algorithm, Algorithm::Ring);
+        // Not a number (a time that went wrong) never wins.
+        let d = decide(
+            &c,
+            &[
+                f64::NAN,
+                f64::NAN,
+                80.0,
+                100.0,
+                90.0,
+                80.0,
+                100.0,
+                90.0,
+                80.0,
+            ],
+        );
         assert_eq!(d.algorithm, Algorithm::Direct);
     }
 
     #[test]
     fn calls_spent_tuning_are_bounded() {
-        // Small calls: many (at most 85 timed a block), large ones few.
+        // Small calls: many (at most 85 timed a block), large ones few
+        // (at least 3).
         assert_eq!(trials(8), (22, 85));
         assert_eq!(trials(64 << 10), (22, 85));
-        assert_eq!(trials(6 << 20), (1, 1));
-        assert_eq!(max_calls(64 << 20), ROUNDS * MAX_CANDIDATES * 2);
+        assert_eq!(trials(6 << 20), (1, 3));
+        assert_eq!(max_calls(64 << 20), ROUNDS * MAX_CANDIDATES * 4);
         for bytes in [0, 8, 100 << 10, 1 << 20, 5 << 20, 1 << 30] {
             let mut t = Trials::new(cands(), bytes);
             let mut n = 1;
