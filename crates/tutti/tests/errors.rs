@@ -172,6 +172,27 @@ fn bad_arguments(c: &Communicator, _: &Ctx) {
         unsafe { c.run_raw(&call, &Options::default()) },
         &["overlap"],
     );
+    // Broadcast from a separate send buffer that is too short: every rank
+    // names itself the root, so every rank is refused.
+    let mut out = vec![0f32; 8];
+    let short = [1f32; 7];
+    let call = RawCall {
+        coll: Collective::Broadcast { root: r },
+        dtype: tutti::DataType::F32,
+        op: ReduceOp::Sum,
+        count: 8,
+        send: short.as_ptr() as *const u8,
+        send_len: 28,
+        recv: out.as_mut_ptr() as *mut u8,
+        recv_len: 32,
+        vcounts: None,
+    };
+    // SAFETY: both buffers outlive the call, which is refused before it
+    // touches them.
+    invalid(
+        unsafe { c.run_raw(&call, &Options::default()) },
+        &["broadcast", "root", "send buffer", "28", "32"],
+    );
     // A forced algorithm that does not implement the collective.
     let p = Problem::new(Collective::AllReduce, n, r, 0);
     if let Some(a) = Algorithm::ALL.into_iter().find(|a| a.build(&p).is_none()) {
@@ -252,6 +273,54 @@ fn bad_root_buffers_local_1() {
             &["reduce", "receive buffer"],
         );
         c.barrier().expect("still works");
+    });
+}
+
+/// A raw Broadcast whose root passes its data in a separate send buffer
+/// (as NCCL's out-of-place broadcast): every rank ends with it and the
+/// root's send buffer is left alone; with an empty send buffer the data is
+/// the root's receive buffer. Repeated, so the repeat fast path runs too.
+#[test]
+fn raw_broadcast_from_a_send_buffer_local_3() {
+    threads(3, |c, _| {
+        let r = c.rank();
+        let root = 1;
+        for k in 0..6u32 {
+            let data: Vec<u32> = (0..40).map(|i| i * 7 + k).collect();
+            let separate = k % 3 != 2;
+            let send: Vec<u32> = if r == root && separate {
+                data.clone()
+            } else {
+                Vec::new()
+            };
+            let mut recv = if r == root && !separate {
+                data.clone()
+            } else {
+                vec![u32::MAX; 40]
+            };
+            let call = RawCall {
+                coll: Collective::Broadcast { root },
+                dtype: tutti::DataType::U32,
+                op: ReduceOp::Sum,
+                count: 40,
+                send: if send.is_empty() {
+                    std::ptr::null()
+                } else {
+                    send.as_ptr() as *const u8
+                },
+                send_len: send.len() * 4,
+                recv: recv.as_mut_ptr() as *mut u8,
+                recv_len: 160,
+                vcounts: None,
+            };
+            // SAFETY: both vectors outlive this blocking call and nothing
+            // else touches them.
+            unsafe { c.run_raw(&call, &Options::default()) }.unwrap();
+            assert_eq!(recv, data, "rank {r} call {k}");
+            if r == root && separate {
+                assert_eq!(send, data, "the root's send buffer is unchanged");
+            }
+        }
     });
 }
 

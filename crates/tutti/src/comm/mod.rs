@@ -1,6 +1,6 @@
 //! The public face: [`Communicator`].
 
-mod ops;
+pub(crate) mod ops;
 mod shrink;
 mod split;
 mod work;

@@ -14,7 +14,10 @@ use std::sync::Arc;
 ///
 /// Buffer sizes follow the table on [`Problem`]: e.g. AllGather's `recv`
 /// holds `size * count` elements. A root-only buffer may be null/empty on
-/// other ranks.
+/// other ranks. Broadcast sends the root's `recv`; the root may instead pass
+/// its data in a separate `send` of `count` elements (copied into `recv`
+/// first, as NCCL's out-of-place broadcast); a null or empty `send` means
+/// the data is in `recv`. Other ranks' `send` is ignored.
 #[derive(Clone, Debug)]
 pub struct RawCall {
     /// Which collective (with its root or peer).
@@ -40,6 +43,18 @@ pub struct RawCall {
 // SAFETY: RawCall only carries addresses; the unsafe entry points that use
 // it state the caller's obligations.
 unsafe impl Send for RawCall {}
+
+/// Where the engine reads a call's input: `send`, except for a Broadcast
+/// without a separate send buffer (null, empty, or `recv` itself), whose
+/// root's data is already in `recv`.
+pub(crate) fn input_of(c: &RawCall) -> *mut u8 {
+    let separate = !c.send.is_null() && c.send_len > 0;
+    if matches!(c.coll, Collective::Broadcast { .. }) && !separate {
+        c.recv
+    } else {
+        c.send as *mut u8
+    }
+}
 
 fn ptr<T>(s: &[T]) -> *const u8 {
     s.as_ptr() as *const u8
@@ -204,6 +219,22 @@ impl Communicator {
                 hint(c.coll, n)
             )));
         }
+        // Broadcast sends the root's `recv`. A root may pass its data in a
+        // separate `send` instead (as NCCL's out-of-place broadcast does):
+        // the engine copies it into `recv` first, so it must hold the whole
+        // message. A null or empty `send` means the data is in `recv`.
+        let bcast_send =
+            matches!(c.coll, Collective::Broadcast { root } if root == r) && input_of(c) != c.recv;
+        if bcast_send && c.send_len != oe * esz {
+            return Err(Error::arg(format!(
+                "{name} on rank {r} (the root): the send buffer has {} bytes but {} elements of {} ({} bytes) are needed; \
+                 or pass the data in the receive buffer and an empty send buffer",
+                c.send_len,
+                oe,
+                c.dtype,
+                oe * esz
+            )));
+        }
         let out_unused = c.coll == Collective::Barrier
             || matches!(c.coll, Collective::Send { .. })
             || (rooted_out && ob == 0);
@@ -234,7 +265,7 @@ impl Communicator {
             count: c.count,
             vcounts: c.vcounts.clone(),
             in_place,
-            input: c.send as *mut u8,
+            input: input_of(c),
             input_len: if input_needed { ib } else { 0 },
             output: c.recv,
             output_len: ob,

@@ -124,7 +124,7 @@ impl Repeat {
             count: c.count,
             vcounts: None,
             in_place,
-            input: c.send as *mut u8,
+            input: crate::comm::ops::input_of(c),
             input_len: self.input_len,
             output: c.recv,
             output_len: self.output_len,
