@@ -240,6 +240,11 @@ mod tests {
         let mut t = Trials::new(cands(), bytes);
         let (lead, per) = trials(bytes);
         assert_eq!((lead, per), (3, 10));
+        // A block's worth of the model's pick, untimed, warms up.
+        for _ in 0..lead + per {
+            assert_eq!(t.next(), (cands()[0], false));
+            assert!(!t.record(99.0));
+        }
         for round in 0..ROUNDS {
             for slot in 0..3 {
                 // Turn `round` starts with candidate `round`.
@@ -312,7 +317,7 @@ mod tests {
         assert_eq!(trials(8), (22, 85));
         assert_eq!(trials(64 << 10), (22, 85));
         assert_eq!(trials(6 << 20), (1, 3));
-        assert_eq!(max_calls(64 << 20), ROUNDS * MAX_CANDIDATES * 4);
+        assert_eq!(max_calls(64 << 20), (ROUNDS * MAX_CANDIDATES + 1) * 4);
         for bytes in [0, 8, 100 << 10, 1 << 20, 5 << 20, 1 << 30] {
             let mut t = Trials::new(cands(), bytes);
             let mut n = 1;
@@ -320,7 +325,7 @@ mod tests {
                 n += 1;
             }
             let (lead, per) = trials(bytes);
-            assert_eq!(n, ROUNDS * 3 * (lead + per), "{bytes}");
+            assert_eq!(n, (ROUNDS * 3 + 1) * (lead + per), "{bytes}");
             assert!(n <= max_calls(bytes));
         }
     }
