@@ -189,11 +189,21 @@ impl Communicator {
             // engine copies it there from the send buffer.
             ie = c.count;
         }
+        // Broadcast sends the root's `recv`. A root may pass its data in a
+        // separate `send` instead (as NCCL's out-of-place broadcast does):
+        // the engine copies it into `recv` first, so it is an input of the
+        // whole message. A null or empty `send` means the data is in `recv`.
+        let bcast_send =
+            matches!(c.coll, Collective::Broadcast { root } if root == r) && input_of(c) != c.recv;
+        if bcast_send {
+            ie = c.count;
+        }
         let (ib, ob) = (ie * esz, oe * esz);
-        let input_needed = !matches!(
-            c.coll,
-            Collective::Broadcast { .. } | Collective::Recv { .. } | Collective::Barrier
-        );
+        let input_needed = bcast_send
+            || !matches!(
+                c.coll,
+                Collective::Broadcast { .. } | Collective::Recv { .. } | Collective::Barrier
+            );
         let rooted_out = matches!(
             c.coll,
             Collective::Reduce { .. } | Collective::Gather { .. }
@@ -217,22 +227,6 @@ impl Communicator {
                 c.dtype,
                 ib,
                 hint(c.coll, n)
-            )));
-        }
-        // Broadcast sends the root's `recv`. A root may pass its data in a
-        // separate `send` instead (as NCCL's out-of-place broadcast does):
-        // the engine copies it into `recv` first, so it must hold the whole
-        // message. A null or empty `send` means the data is in `recv`.
-        let bcast_send =
-            matches!(c.coll, Collective::Broadcast { root } if root == r) && input_of(c) != c.recv;
-        if bcast_send && c.send_len != oe * esz {
-            return Err(Error::arg(format!(
-                "{name} on rank {r} (the root): the send buffer has {} bytes but {} elements of {} ({} bytes) are needed; \
-                 or pass the data in the receive buffer and an empty send buffer",
-                c.send_len,
-                oe,
-                c.dtype,
-                oe * esz
             )));
         }
         let out_unused = c.coll == Collective::Barrier
@@ -665,6 +659,9 @@ fn hint(c: Collective, n: usize) -> String {
         Collective::AllReduce => {
             " (AllReduce's send and receive buffers have the same length)".into()
         }
+        Collective::Broadcast { .. } => " (a root's separate send buffer holds the whole \
+             message; an empty one means the data is in the receive buffer)"
+            .into(),
         _ => String::new(),
     }
 }
