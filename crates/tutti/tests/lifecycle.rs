@@ -11,6 +11,10 @@ use tutti::{Communicator, ReduceOp, UniqueId};
 
 const ITERS: usize = 100;
 
+/// How long the counts may take to settle after the last drop (see
+/// [`Resources::settled`]).
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Touches everything that allocates: a small and a direct-read-sized
 /// AllReduce, an async op (which starts the progress thread) and a barrier.
 fn exercise(c: &Communicator) {
@@ -67,12 +71,12 @@ fn churn(ctx: &common::Ctx) {
     };
     round();
     round();
-    let before = Resources::now();
+    let before = Resources::steady();
     let mut during = Vec::new();
     for _ in 0..ITERS {
         during.push(round());
     }
-    let after = Resources::now();
+    let after = Resources::settled(&before, SETTLE);
     check(
         &format!("{} rank {rank}", ctx.transport.name()),
         &before,
@@ -175,10 +179,10 @@ fn create_destroy_init_all_4() {
         drop(probe);
         round();
         round();
-        let before = Resources::now();
+        let before = Resources::steady();
         for _ in 0..ITERS {
             round();
         }
-        check("init_all", &before, &Resources::now());
+        check("init_all", &before, &Resources::settled(&before, SETTLE));
     });
 }

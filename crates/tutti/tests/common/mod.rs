@@ -497,6 +497,38 @@ impl Resources {
                 .count(),
         }
     }
+
+    /// The counts once two reads 10 ms apart agree (at most 2 s): a
+    /// baseline taken right after a drop without a thread that is still
+    /// being reaped (see [`Resources::settled`]).
+    pub fn steady() -> Resources {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let mut last = Resources::now();
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            let now = Resources::now();
+            if now == last || std::time::Instant::now() >= end {
+                return now;
+            }
+            last = now;
+        }
+    }
+
+    /// The counts once they equal `want`, or the last ones read after
+    /// `within`. A thread that has been joined can still be listed in
+    /// /proc/self/task for a moment (the kernel reaps it after `join`
+    /// returns), so a comparison right after a drop polls briefly; a real
+    /// leak stays and still fails the comparison.
+    pub fn settled(want: &Resources, within: std::time::Duration) -> Resources {
+        let end = std::time::Instant::now() + within;
+        loop {
+            let now = Resources::now();
+            if now == *want || std::time::Instant::now() >= end {
+                return now;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
 }
 
 /// Files in /dev/shm whose names start with `prefix`.
