@@ -1,6 +1,8 @@
 //! Reduction kernel throughput: `dst = a (op) b` for every type, in cache
 //! (64 KiB) and out of cache (16 MiB). Reported as bytes of `b` per second,
-//! like membw's "reduce" in ../shared/peers.
+//! like membw's "reduce" in ../shared/peers. Also the data path's byte copy
+//! against the C library's, with the destination 0 and 16 bytes after the
+//! source modulo 4 KiB (`tutti::reduce::copy` says why).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tutti::reduce::{reduce, DataType, ReduceOp};
@@ -55,5 +57,36 @@ fn kernels(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, kernels);
+fn copies(c: &mut Criterion) {
+    let mut g = c.benchmark_group("copy");
+    for bytes in [4usize << 10, 64 << 10, 512 << 10] {
+        let a = vec![1u8; bytes + 8192];
+        let mut d = vec![0u8; bytes + 8192];
+        // Both from page-aligned starts, so that the destination lies `off`
+        // bytes after the source modulo 4 KiB: 16 is the slow case of
+        // glibc's `rep movsb` on AMD (see `tutti::reduce::copy`).
+        let sa = a.as_ptr().align_offset(4096);
+        let da = d.as_ptr().align_offset(4096);
+        for off in [0usize, 16] {
+            g.throughput(Throughput::Bytes(bytes as u64));
+            let s = a[sa..].as_ptr();
+            let t = d[da + off..].as_mut_ptr();
+            g.bench_with_input(
+                BenchmarkId::new(format!("tutti_dst+{off}"), bytes),
+                &bytes,
+                // SAFETY: both ranges lie inside their (distinct) vectors.
+                |bch, _| bch.iter(|| unsafe { tutti::reduce::copy::copy(s, t, bytes) }),
+            );
+            g.bench_with_input(
+                BenchmarkId::new(format!("libc_dst+{off}"), bytes),
+                &bytes,
+                // SAFETY: as above.
+                |bch, _| bch.iter(|| unsafe { std::ptr::copy_nonoverlapping(s, t, bytes) }),
+            );
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, kernels, copies);
 criterion_main!(benches);

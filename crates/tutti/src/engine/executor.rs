@@ -279,7 +279,7 @@ fn start_ready(
                 if s != d {
                     // SAFETY: both ranges were bounds-checked by `resolve`;
                     // `copy` tolerates overlap.
-                    unsafe { std::ptr::copy(s, d, len * esz) };
+                    unsafe { crate::reduce::copy::copy_overlapping(s, d, len * esz) };
                 }
                 st.done = true;
             }

@@ -387,13 +387,17 @@ impl Core {
                 // output_len == n*count*esz; `copy` tolerates aliasing.
                 unsafe {
                     if !std::ptr::eq(c.input, c.output.add(off)) {
-                        std::ptr::copy(c.input, c.output.add(off), c.count * esz);
+                        crate::reduce::copy::copy_overlapping(
+                            c.input,
+                            c.output.add(off),
+                            c.count * esz,
+                        );
                     }
                 }
             }
             Collective::Broadcast { root } if root == self.rank && c.input != c.output => {
                 // SAFETY: both hold count*esz bytes (checked by the comm layer).
-                unsafe { std::ptr::copy(c.input, c.output, c.count * esz) };
+                unsafe { crate::reduce::copy::copy_overlapping(c.input, c.output, c.count * esz) };
             }
             _ => {}
         }

@@ -177,7 +177,7 @@ impl Core {
                     } else {
                         mb.publish(s, input, 0, w)?;
                         let p = mb.receive(root, s, w)?;
-                        std::ptr::copy_nonoverlapping(p, output, b);
+                        crate::reduce::copy::copy(p, output, b);
                     }
                 }
                 Collective::AllGather => {
@@ -186,26 +186,26 @@ impl Core {
                     for k in 1..n {
                         let q = (me + k) % n;
                         let p = mb.receive(q, s, w)?;
-                        std::ptr::copy_nonoverlapping(p, output.add(q * b), b);
+                        crate::reduce::copy::copy(p, output.add(q * b), b);
                     }
                 }
                 Collective::AllToAll => {
                     mb.publish(s, input, n * b, w)?;
-                    std::ptr::copy_nonoverlapping(input.add(me * b), output.add(me * b), b);
+                    crate::reduce::copy::copy(input.add(me * b), output.add(me * b), b);
                     for k in 1..n {
                         let q = (me + k) % n;
                         let p = mb.receive(q, s, w)?;
-                        std::ptr::copy_nonoverlapping(p.add(me * b), output.add(q * b), b);
+                        crate::reduce::copy::copy(p.add(me * b), output.add(q * b), b);
                     }
                 }
                 Collective::Gather { root } => {
                     if me == root {
                         mb.publish(s, input, 0, w)?;
-                        std::ptr::copy_nonoverlapping(input, output.add(me * b), b);
+                        crate::reduce::copy::copy(input, output.add(me * b), b);
                         for k in 1..n {
                             let q = (me + k) % n;
                             let p = mb.receive(q, s, w)?;
-                            std::ptr::copy_nonoverlapping(p, output.add(q * b), b);
+                            crate::reduce::copy::copy(p, output.add(q * b), b);
                         }
                     } else {
                         mb.publish(s, input, b, w)?;
@@ -214,11 +214,11 @@ impl Core {
                 Collective::Scatter { root } => {
                     if me == root {
                         mb.publish(s, input, n * b, w)?;
-                        std::ptr::copy_nonoverlapping(input.add(me * b), output, b);
+                        crate::reduce::copy::copy(input.add(me * b), output, b);
                     } else {
                         mb.publish(s, input, 0, w)?;
                         let p = mb.receive(root, s, w)?;
-                        std::ptr::copy_nonoverlapping(p.add(me * b), output, b);
+                        crate::reduce::copy::copy(p.add(me * b), output, b);
                     }
                 }
                 Collective::Barrier => {

@@ -6,6 +6,7 @@
 //! On x86-64 the kernels are compiled twice, for the baseline and for AVX2 +
 //! F16C, and the faster one is chosen at run time.
 
+pub mod copy;
 mod kernels;
 
 pub use kernels::{kernel, reduce, scale_avg, Kernel};

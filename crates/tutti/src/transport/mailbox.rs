@@ -267,7 +267,7 @@ impl Mailbox {
         if len > 0 {
             // SAFETY: the slot holds MBOX_BYTES >= len payload bytes, and no
             // peer reads it (checked above); src is valid (caller).
-            unsafe { std::ptr::copy_nonoverlapping(src, self.payload(self.me, s) as *mut u8, len) };
+            unsafe { crate::reduce::copy::copy(src, self.payload(self.me, s) as *mut u8, len) };
         }
         h.seq.store(s, Ordering::Release);
         // The fence that pairs with a sleeper's announcement (see `flush`)

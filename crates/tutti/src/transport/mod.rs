@@ -315,7 +315,7 @@ impl RecvMsg {
         unsafe {
             let d = self.dst.add(self.got);
             match self.reduce_src {
-                None => std::ptr::copy_nonoverlapping(src, d, k),
+                None => reduce::copy::copy(src, d, k),
                 Some(a) => reduce::reduce(cx.dtype, cx.op, d, a.add(self.got), src, k),
             }
         }
@@ -336,7 +336,7 @@ impl RecvMsg {
         unsafe {
             let d = self.dst.add(off);
             match self.reduce_src {
-                None => std::ptr::copy_nonoverlapping(src, d, k),
+                None => reduce::copy::copy(src, d, k),
                 Some(a) => reduce::reduce(cx.dtype, cx.op, d, a.add(off), src, k),
             }
         }

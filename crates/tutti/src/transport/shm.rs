@@ -491,7 +491,7 @@ impl RingLink {
                 // SAFETY: [off, off+k) lies inside the ring and is free space
                 // owned by the writer; m.ptr+sent..+k lies in the caller's
                 // buffer, whose first `avail` bytes are ready to read.
-                unsafe { std::ptr::copy_nonoverlapping(m.ptr.add(m.sent), data.add(off), k) };
+                unsafe { crate::reduce::copy::copy(m.ptr.add(m.sent), data.add(off), k) };
                 m.sent += k;
                 h += k as u64;
                 continue;
