@@ -315,6 +315,9 @@ impl RecvMsg {
         unsafe {
             let d = self.dst.add(self.got);
             match self.reduce_src {
+                None if self.len >= reduce::copy::STREAM_MIN => {
+                    reduce::copy::copy_stream(src, d, k)
+                }
                 None => reduce::copy::copy(src, d, k),
                 Some(a) => reduce::reduce(cx.dtype, cx.op, d, a.add(self.got), src, k),
             }
