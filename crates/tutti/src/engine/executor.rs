@@ -311,7 +311,11 @@ fn start_ready(
             }
             Step::RecvCopySend { dst, len, .. } => {
                 let d = resolve(b, dst, len, esz)?;
-                st.recv = Some(RecvMsg::new(d, None, len * esz));
+                let mut m = RecvMsg::new(d, None, len * esz);
+                // The forward reads these bytes back as they land: keep
+                // them in the cache.
+                m.stream = false;
+                st.recv = Some(m);
                 st.send = Some(SendMsg::new(d, len * esz, 0));
             }
         }

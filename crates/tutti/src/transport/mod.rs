@@ -289,6 +289,10 @@ pub(crate) struct RecvMsg {
     pub got: usize,
     pub header_seen: bool,
     pub done: bool,
+    /// Whether copies into `dst` use non-temporal stores: by default for
+    /// messages of [`reduce::copy::STREAM_MIN`] bytes or more; off where
+    /// this rank reads the bytes again at once (a step that forwards them).
+    pub stream: bool,
 }
 
 impl RecvMsg {
@@ -300,6 +304,7 @@ impl RecvMsg {
             got: 0,
             header_seen: false,
             done: false,
+            stream: len >= reduce::copy::STREAM_MIN,
         }
     }
 
@@ -315,9 +320,7 @@ impl RecvMsg {
         unsafe {
             let d = self.dst.add(self.got);
             match self.reduce_src {
-                None if self.len >= reduce::copy::STREAM_MIN => {
-                    reduce::copy::copy_stream(src, d, k)
-                }
+                None if self.stream => reduce::copy::copy_stream(src, d, k),
                 None => reduce::copy::copy(src, d, k),
                 Some(a) => reduce::reduce(cx.dtype, cx.op, d, a.add(self.got), src, k),
             }
