@@ -3,8 +3,10 @@
 #
 # Usage: bench/compare.sh [-c COLL] [-n RANKS] [-b MIN] [-e MAX] [-r ROUNDS] [-t SECS]
 #                         [--peers LIST] [--tcp] [--no-setup] [--no-build]
-#   -c COLL      all_reduce (default), broadcast, all_gather, reduce_scatter or all_to_all
-#                (the peers' spellings allreduce, allgather, alltoall work too)
+#   -c COLL      all_reduce (default), broadcast, reduce, all_gather, reduce_scatter or all_to_all
+#                (the peers' spellings allreduce, allgather, alltoall work too). The kit
+#                measures no Reduce: for reduce the MPI peers run bench/mpi_reduce.sh
+#                (bench/peers/reduce_perf.c, the kit's method and launch); Gloo is skipped
 #   -n RANKS     ranks (default 2)
 #   -b MIN       smallest size, K/M/G suffixes allowed (default 8)
 #   -e MAX       largest size (default 64M)
@@ -64,10 +66,11 @@ if ! [[ $ROUNDS =~ ^[1-9][0-9]*$ ]]; then die "-r needs a positive number"; fi
 case ${COLL,,} in
   all_reduce | allreduce) TC=all_reduce PC=allreduce ;;
   broadcast | bcast) TC=broadcast PC=broadcast ;;
+  reduce) TC=reduce PC=reduce ;;
   all_gather | allgather) TC=all_gather PC=allgather ;;
   reduce_scatter | reducescatter) TC=reduce_scatter PC=reduce_scatter ;;
   all_to_all | alltoall) TC=all_to_all PC=alltoall ;;
-  *) die "the peers measure allreduce, broadcast, allgather, reduce_scatter and alltoall, not '$COLL'" ;;
+  *) die "the peers measure allreduce, broadcast, reduce, allgather, reduce_scatter and alltoall, not '$COLL'" ;;
 esac
 
 # print_table DIR IMPL...: median busbw per implementation and size from DIR/<impl>.<round>.csv,
@@ -174,6 +177,7 @@ for p in ${PEERLIST//,/ }; do
     gloo)
       has_torch || die "--peers gloo: no torch in $VENV"
       [ "$PC" = alltoall ] && { note "Gloo's benchmark has no alltoall: skipped"; continue; }
+      [ "$PC" = reduce ] && { note "Gloo's benchmark has no reduce: skipped"; continue; }
       IMPLS+=(gloo) ;;
     *) die "unknown peer '$p' (openmpi, mpich, gloo)" ;;
   esac
@@ -204,6 +208,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
     label=cmp${STAMP//-/}_${impl}_r$r
     if [ "$impl" = gloo ]; then
       "$PEERS/run_gloo.sh" -n "$N" -c "$PC" -b "$MINB" -e "$MAXB" -l "$label" > "$RUN/$impl.$r.txt" 2>&1
+    elif [ "$PC" = reduce ]; then
+      PEERS=$PEERS "$ROOT/bench/mpi_reduce.sh" --impl "$impl" -n "$N" -b "$MINB" -e "$MAXB" -t "$T" \
+        -l "$label" "${MPIFLAGS[@]}" > "$RUN/$impl.$r.txt" 2>&1
     else
       "$PEERS/run_mpi.sh" --impl "$impl" -n "$N" -c "$PC" -b "$MINB" -e "$MAXB" -t "$T" -l "$label" \
         "${MPIFLAGS[@]}" > "$RUN/$impl.$r.txt" 2>&1
