@@ -115,7 +115,7 @@ mod x86 {
         debug_assert!(n >= 64);
         if std::is_x86_feature_detected!("avx") {
             // SAFETY: the CPU has AVX; the rest is the caller's contract.
-            unsafe { copy_avx(src, dst, n) }
+            unsafe { avx::<false>(src, dst, n) }
         } else {
             // SAFETY: SSE2 is part of x86-64; the rest is the caller's contract.
             unsafe { copy_sse2(src, dst, n) }
@@ -129,86 +129,66 @@ mod x86 {
         debug_assert!(n >= 64);
         if std::is_x86_feature_detected!("avx") {
             // SAFETY: the CPU has AVX; the rest is the caller's contract.
-            unsafe { stream_avx(src, dst, n) }
+            unsafe { avx::<true>(src, dst, n) }
         } else {
             // SAFETY: SSE2 is part of x86-64; the rest is the caller's contract.
             unsafe { copy_sse2(src, dst, n) }
         }
     }
 
-    /// As [`copy_avx`] with non-temporal stores (which must be aligned),
-    /// fenced before the unaligned first and last 32 bytes are stored.
-    ///
-    /// # Safety
-    /// As [`super::copy`], `n >= 32`, and the CPU has AVX.
-    #[target_feature(enable = "avx")]
-    unsafe fn stream_avx(src: *const u8, dst: *mut u8, n: usize) {
-        // SAFETY: every access lies in [0, n) of both ranges (n >= 32); the
-        // streaming stores are at 32-byte aligned addresses (i starts where
-        // dst + i is aligned and moves in multiples of 32).
-        unsafe {
-            let first = _mm256_loadu_si256(src as *const __m256i);
-            let last = _mm256_loadu_si256(src.add(n - 32) as *const __m256i);
-            let mut i = (32 - (dst as usize & 31)) & 31;
-            while i + 128 <= n {
-                let a = _mm256_loadu_si256(src.add(i) as *const __m256i);
-                let b = _mm256_loadu_si256(src.add(i + 32) as *const __m256i);
-                let c = _mm256_loadu_si256(src.add(i + 64) as *const __m256i);
-                let d = _mm256_loadu_si256(src.add(i + 96) as *const __m256i);
-                _mm256_stream_si256(dst.add(i) as *mut __m256i, a);
-                _mm256_stream_si256(dst.add(i + 32) as *mut __m256i, b);
-                _mm256_stream_si256(dst.add(i + 64) as *mut __m256i, c);
-                _mm256_stream_si256(dst.add(i + 96) as *mut __m256i, d);
-                i += 128;
-            }
-            while i + 32 <= n {
-                let a = _mm256_loadu_si256(src.add(i) as *const __m256i);
-                _mm256_stream_si256(dst.add(i) as *mut __m256i, a);
-                i += 32;
-            }
-            _mm_sfence();
-            _mm256_storeu_si256(dst as *mut __m256i, first);
-            _mm256_storeu_si256(dst.add(n - 32) as *mut __m256i, last);
-        }
-    }
-
     /// 128 bytes an iteration with 32-byte unaligned loads and stores aligned
     /// to the destination; the first and last 32 bytes are copied unaligned
-    /// (overlapping the loop's bytes, which is harmless: same values).
+    /// (overlapping the loop's bytes, which is harmless: same values). With
+    /// `STREAM` the loop's stores are non-temporal (they must be aligned,
+    /// which they are) and fenced before the first and last 32 bytes.
     ///
     /// # Safety
     /// As [`super::copy`], `n >= 32`, and the CPU has AVX.
     #[target_feature(enable = "avx")]
-    unsafe fn copy_avx(src: *const u8, dst: *mut u8, n: usize) {
+    unsafe fn avx<const STREAM: bool>(src: *const u8, dst: *mut u8, n: usize) {
         // SAFETY: every access below lies in [0, n) of both ranges (n >= 32),
-        // which the caller vouches for; unaligned loads and stores.
+        // which the caller vouches for; unaligned loads, and stores at
+        // 32-byte aligned addresses in the loops (i starts where dst + i is
+        // aligned and moves in multiples of 32).
         unsafe {
+            // A macro, not a closure: the intrinsics must be inlined here,
+            // under this function's target feature.
+            macro_rules! store {
+                ($p:expr, $v:expr) => {
+                    if STREAM {
+                        _mm256_stream_si256($p as *mut __m256i, $v)
+                    } else {
+                        _mm256_storeu_si256($p as *mut __m256i, $v)
+                    }
+                };
+            }
             let first = _mm256_loadu_si256(src as *const __m256i);
             let last = _mm256_loadu_si256(src.add(n - 32) as *const __m256i);
-            // From here on the stores are 32-byte aligned.
             let mut i = (32 - (dst as usize & 31)) & 31;
             while i + 128 <= n {
                 let a = _mm256_loadu_si256(src.add(i) as *const __m256i);
                 let b = _mm256_loadu_si256(src.add(i + 32) as *const __m256i);
                 let c = _mm256_loadu_si256(src.add(i + 64) as *const __m256i);
                 let d = _mm256_loadu_si256(src.add(i + 96) as *const __m256i);
-                _mm256_storeu_si256(dst.add(i) as *mut __m256i, a);
-                _mm256_storeu_si256(dst.add(i + 32) as *mut __m256i, b);
-                _mm256_storeu_si256(dst.add(i + 64) as *mut __m256i, c);
-                _mm256_storeu_si256(dst.add(i + 96) as *mut __m256i, d);
+                store!(dst.add(i), a);
+                store!(dst.add(i + 32), b);
+                store!(dst.add(i + 64), c);
+                store!(dst.add(i + 96), d);
                 i += 128;
             }
             while i + 32 <= n {
-                let a = _mm256_loadu_si256(src.add(i) as *const __m256i);
-                _mm256_storeu_si256(dst.add(i) as *mut __m256i, a);
+                store!(dst.add(i), _mm256_loadu_si256(src.add(i) as *const __m256i));
                 i += 32;
+            }
+            if STREAM {
+                _mm_sfence();
             }
             _mm256_storeu_si256(dst as *mut __m256i, first);
             _mm256_storeu_si256(dst.add(n - 32) as *mut __m256i, last);
         }
     }
 
-    /// As [`copy_avx`] with 16-byte moves, 64 bytes an iteration.
+    /// As [`avx`] with 16-byte moves, 64 bytes an iteration (ordinary stores).
     ///
     /// # Safety
     /// As [`super::copy`] and `n >= 16`.
@@ -249,8 +229,8 @@ mod x86 {
         let mut v: Vec<(&'static str, CopyFn)> = vec![("sse2", copy_sse2)];
         if std::is_x86_feature_detected!("avx") {
             // SAFETY (of calling them): only listed where the CPU has AVX.
-            v.push(("avx", |s, d, n| unsafe { copy_avx(s, d, n) }));
-            v.push(("avx_stream", |s, d, n| unsafe { stream_avx(s, d, n) }));
+            v.push(("avx", |s, d, n| unsafe { avx::<false>(s, d, n) }));
+            v.push(("avx_stream", |s, d, n| unsafe { avx::<true>(s, d, n) }));
         }
         v
     }
