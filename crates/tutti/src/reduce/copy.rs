@@ -45,13 +45,13 @@ pub unsafe fn copy(src: *const u8, dst: *mut u8, n: usize) {
     #[cfg(target_arch = "x86_64")]
     if n >= STREAM_MIN {
         // SAFETY: forwarded from the caller.
-        unsafe { x86::copy_stream(src, dst, n) };
+        unsafe { x86::copy::<true>(src, dst, n) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if (LOOP_MIN..LOOP_MAX).contains(&n) {
         // SAFETY: forwarded from the caller.
-        unsafe { x86::copy(src, dst, n) };
+        unsafe { x86::copy::<false>(src, dst, n) };
         return;
     }
     // SAFETY: forwarded from the caller.
@@ -77,7 +77,7 @@ pub unsafe fn copy_stream(src: *const u8, dst: *mut u8, n: usize) {
     #[cfg(target_arch = "x86_64")]
     if n >= 256 {
         // SAFETY: forwarded from the caller.
-        unsafe { x86::copy_stream(src, dst, n) };
+        unsafe { x86::copy::<true>(src, dst, n) };
         return;
     }
     // SAFETY: forwarded from the caller.
@@ -108,28 +108,17 @@ mod x86 {
         _mm_loadu_si128, _mm_sfence, _mm_storeu_si128,
     };
 
+    /// The loop for this CPU, with ordinary stores or (`STREAM`, where the
+    /// CPU has AVX) non-temporal ones.
+    ///
     /// # Safety
     /// As [`super::copy`], and `n >= 64`.
     #[inline]
-    pub(super) unsafe fn copy(src: *const u8, dst: *mut u8, n: usize) {
+    pub(super) unsafe fn copy<const STREAM: bool>(src: *const u8, dst: *mut u8, n: usize) {
         debug_assert!(n >= 64);
         if std::is_x86_feature_detected!("avx") {
             // SAFETY: the CPU has AVX; the rest is the caller's contract.
-            unsafe { avx::<false>(src, dst, n) }
-        } else {
-            // SAFETY: SSE2 is part of x86-64; the rest is the caller's contract.
-            unsafe { copy_sse2(src, dst, n) }
-        }
-    }
-
-    /// # Safety
-    /// As [`super::copy`], and `n >= 64`.
-    #[inline]
-    pub(super) unsafe fn copy_stream(src: *const u8, dst: *mut u8, n: usize) {
-        debug_assert!(n >= 64);
-        if std::is_x86_feature_detected!("avx") {
-            // SAFETY: the CPU has AVX; the rest is the caller's contract.
-            unsafe { avx::<true>(src, dst, n) }
+            unsafe { avx::<STREAM>(src, dst, n) }
         } else {
             // SAFETY: SSE2 is part of x86-64; the rest is the caller's contract.
             unsafe { copy_sse2(src, dst, n) }
