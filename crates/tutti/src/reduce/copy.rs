@@ -135,10 +135,9 @@ mod x86 {
     /// As [`super::copy`], `n >= 32`, and the CPU has AVX.
     #[target_feature(enable = "avx")]
     unsafe fn avx<const STREAM: bool>(src: *const u8, dst: *mut u8, n: usize) {
-        // SAFETY: every access below lies in [0, n) of both ranges (n >= 32),
-        // which the caller vouches for; unaligned loads, and stores at
-        // 32-byte aligned addresses in the loops (i starts where dst + i is
-        // aligned and moves in multiples of 32).
+        // The loops' stores are 32-byte aligned: i starts where dst + i is
+        // aligned and moves in multiples of 32 (streaming stores need it).
+        // SAFETY: every access lies in [0, n) of both ranges (n >= 32).
         unsafe {
             // A macro, not a closure: the intrinsics must be inlined here,
             // under this function's target feature.
@@ -217,8 +216,9 @@ mod x86 {
     pub(super) fn both() -> Vec<(&'static str, CopyFn)> {
         let mut v: Vec<(&'static str, CopyFn)> = vec![("sse2", copy_sse2)];
         if std::is_x86_feature_detected!("avx") {
-            // SAFETY (of calling them): only listed where the CPU has AVX.
+            // SAFETY: listed only where the CPU has AVX.
             v.push(("avx", |s, d, n| unsafe { avx::<false>(s, d, n) }));
+            // SAFETY: as above.
             v.push(("avx_stream", |s, d, n| unsafe { avx::<true>(s, d, n) }));
         }
         v
