@@ -10,7 +10,9 @@
 # two ratios are paired by round (the median of the ratios within a round);
 # auto/best_m is the ratio of the medians.
 # Usage: bench/auto_vs_forced.sh N [COLL] [MIN] [MAX]
-#   env: AVF_ROUNDS (default 7), AVF_MS (timed ms per measurement, default 20)
+#   env: AVF_ROUNDS (default 7), AVF_MS (timed ms per measurement, default 20),
+#   AVF_DUMP=1 (every round's times too), TUTTI_BIND (core or none: binding
+#   as for tutti perf, below)
 set -euo pipefail
 N=${1:-2}
 export AVF_COLL=${2:-all_reduce} AVF_MIN=${3:-8} AVF_MAX=${4:-64M}
@@ -18,6 +20,11 @@ cd "$(git rev-parse --show-toplevel)"
 cargo build --release -q -p tutti-cli --bins
 cargo build --release -q -p tutti --example auto_vs_forced
 # Bound as tutti perf binds: a core per rank when there are enough, else
-# placement left to the scheduler (as mpirun does).
+# placement left to the scheduler (as mpirun does); TUTTI_BIND overrides.
 BIND=none; [ "$N" -le "$(nproc)" ] && BIND=core
+case "${TUTTI_BIND:-}" in
+  core | none) BIND=$TUTTI_BIND ;;
+  "") ;;
+  *) echo "TUTTI_BIND=$TUTTI_BIND: use core or none" >&2; exit 2 ;;
+esac
 target/release/tutti run --bind "$BIND" -n "$N" -- target/release/examples/auto_vs_forced 2>&1 | sed -e 's/^\[rank 0\] //'

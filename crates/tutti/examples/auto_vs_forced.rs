@@ -20,7 +20,10 @@
 //! Environment: `AVF_COLL` (all_reduce, broadcast, reduce, all_gather,
 //! reduce_scatter; default all_reduce), `AVF_MIN`/`AVF_MAX` (bytes, default
 //! 8 and 64M), `AVF_ROUNDS` (default 7), `AVF_MS` (timed milliseconds per
-//! measurement, default 20).
+//! measurement, default 20), `AVF_DUMP` (set: rank 0 also prints every
+//! round's time per call of Auto and each forced algorithm, in the table's
+//! column order, to stderr as `DUMP size column times...`, which shows
+//! when within a run an algorithm's time changed).
 
 use std::time::Instant;
 use tutti::algo::Problem;
@@ -157,6 +160,12 @@ fn main() -> tutti::Result<()> {
                 let o = &opts[i];
                 time(&comm, &call, o, 1)?; // warm-up (and schedule) for this choice
                 t[i].push(time(&comm, &call, o, iters)? * 1e6);
+            }
+        }
+        if me == 0 && std::env::var_os("AVF_DUMP").is_some() {
+            for (i, v) in t.iter().enumerate() {
+                let r: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
+                eprintln!("DUMP {bytes} {i} {}", r.join(" "));
             }
         }
         if me == 0 {
