@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import datetime
+import fcntl
 import os
 import socket
-from typing import Optional
+import struct
+from typing import Any, List, Optional
 
 from . import _native
+
+
+def _route_to(host: str) -> Optional[str]:
+    """This host's address on the route to `host`, or None if there is none."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))  # UDP: picks a route, sends nothing
+            return s.getsockname()[0]
+    except OSError:
+        return None
 
 
 def my_address() -> Optional[str]:
@@ -19,12 +31,75 @@ def my_address() -> Optional[str]:
     master = os.environ.get("MASTER_ADDR")
     if not master:
         return None
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((master, 9))  # UDP: picks a route, sends nothing
-            return s.getsockname()[0]
-    except OSError:
+    return _route_to(master)
+
+
+def local_addresses() -> List[str]:
+    """This host's IPv4 addresses other than loopback, one per interface that has one,
+    in interface order."""
+    out = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                req = struct.pack("256s", name.encode()[:15])
+                addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])  # SIOCGIFADDR
+            except OSError:
+                continue  # no IPv4 address on this interface
+            if not addr.startswith("127."):
+                out.append(addr)
+    return out
+
+
+def _tcp_store_host(store: Any) -> Optional[str]:
+    """The master's host of a torch TCPStore, looking through PrefixStores; None for
+    other stores (a FileStore, a HashStore)."""
+    from torch.distributed import PrefixStore, TCPStore
+
+    for _ in range(16):
+        if isinstance(store, TCPStore):
+            return store.host
+        if not isinstance(store, PrefixStore):
+            return None
+        store = store.underlying_store
+    return None
+
+
+_ADDRS_KEY = "tutti/addresses/"
+
+
+def address_for_group(store: Any, rank: int, size: int) -> Optional[str]:
+    """The address rank 0 of a torch process group should listen on (every rank calls
+    this, before rank 0 publishes its UniqueId in `store`; only rank 0's result is used):
+    None, for tutti's default (loopback, or ``TUTTI_SOCKET_IFNAME``'s address), when the
+    group's ranks all run on this host.
+
+    Where the master is known, the address on the route to it: ``MASTER_ADDR`` (env://,
+    torchrun), or the host of a TCPStore (``init_method="tcp://HOST:PORT"``). Otherwise
+    (``file://``) every other rank publishes its addresses in the store, and if any
+    rank's differ from rank 0's, rank 0 takes its own address on the route to the first
+    such rank's, so that ranks on other hosts can reach it (a rank on another host would
+    otherwise be told 127.0.0.1, and wait for its timeout)."""
+    if os.environ.get("TUTTI_SOCKET_IFNAME"):
         return None
+    if os.environ.get("MASTER_ADDR"):
+        return my_address()
+    host = _tcp_store_host(store)
+    if host is not None:
+        return _route_to(host) if rank == 0 else None
+    if size < 2:
+        return None
+    if rank != 0:
+        store.set(f"{_ADDRS_KEY}{rank}", " ".join(local_addresses()))
+        return None
+    mine = set(local_addresses())
+    for r in range(1, size):
+        theirs = store.get(f"{_ADDRS_KEY}{r}").decode().split()
+        if set(theirs) != mine:
+            for a in theirs:
+                route = _route_to(a)
+                if route is not None and not route.startswith("127."):
+                    return route
+    return None
 
 
 def under_torchrun() -> bool:

@@ -12,7 +12,10 @@ run over tutti (shared memory within a host, TCP across hosts).
 
 How it works. :class:`ProcessGroupTutti` is a ``torch.distributed.ProcessGroup``
 implemented in Python. Its creator receives torch's store (``env://``, ``tcp://`` or
-``file://``) and uses it only to hand rank 0's :class:`tutti.UniqueId` to the others;
+``file://``) and uses it only to hand rank 0's :class:`tutti.UniqueId` to the others
+(rank 0 listens on its address on the route to ``MASTER_ADDR`` or to the ``tcp://`` host;
+with ``file://``, the ranks first publish their addresses there, and rank 0 takes its
+address on the route to a rank on another host if there is one);
 every group (the default one and each ``dist.new_group``) gets its own tutti
 communicator. Tensors are passed to tutti by address: no copy for contiguous CPU
 tensors (a non-contiguous one is copied once into a contiguous buffer and back).
@@ -102,8 +105,9 @@ class ProcessGroupTutti(dist.ProcessGroup):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._timeout = _seconds(timeout)
+        addr = _net.address_for_group(store, rank, size)
         if rank == 0:
-            uid = _native.UniqueId.new(_net.my_address())
+            uid = _native.UniqueId.new(addr)
             store.set(_UID_KEY, str(uid))
         else:
             uid = store.get(_UID_KEY).decode()
