@@ -366,6 +366,52 @@ def t_blocking_callbacks(ctx):
     return True
 
 
+def t_callback_waits_own_work(ctx):
+    """A future callback that waits on its own op's Work (the op is done; its callback,
+    this one, is what runs) returns instead of waiting for itself forever."""
+    import torch
+
+    dist = ctx.dist()
+    t = torch.ones(16)
+    w = dist.all_reduce(t, async_op=True)
+    seen = []
+
+    def cb(f):
+        seen.append((w.wait(), w.is_completed()))
+        return f.value()
+
+    w.get_future().then(cb).wait()
+    assert seen == [(True, True)], seen
+    assert torch.all(t == ctx.n)
+    return True
+
+
+def t_destroy_in_callback(ctx):
+    """Destroying a group's communicator from an op's callback returns (the release
+    follows once the callback has returned); later ops on it raise, other groups work."""
+    import torch
+
+    from tutti.torch import ProcessGroupTutti
+
+    dist = ctx.dist()
+    g = dist.new_group(list(range(ctx.n)))
+    pg = g if isinstance(g, ProcessGroupTutti) else g._get_backend(torch.device("cpu"))
+    t = torch.ones(8)
+    w = dist.all_reduce(t, group=g, async_op=True)
+    w.get_future().then(lambda f: pg.comm.destroy()).wait()
+    assert torch.all(t == ctx.n)
+    try:
+        dist.all_reduce(torch.ones(2), group=g)
+        raised = None
+    except RuntimeError as e:
+        raised = e
+    assert raised is not None and "destroyed" in str(raised), f"an op on a destroyed communicator: {raised!r}"
+    z = torch.ones(3)
+    dist.all_reduce(z)
+    assert z.tolist() == [float(ctx.n)] * 3
+    return True
+
+
 # ---- tests ----------------------------------------------------------------------------------
 
 
@@ -416,3 +462,11 @@ def test_torch_many_async(ranks):
 
 def test_torch_blocking_future_callbacks(ranks):
     ranks.run(t_blocking_callbacks)
+
+
+def test_torch_callback_waits_own_work(ranks):
+    ranks.run(t_callback_waits_own_work)
+
+
+def test_torch_destroy_in_callback(ranks):
+    ranks.run(t_destroy_in_callback)

@@ -234,7 +234,9 @@ impl PyComm {
     }
 
     /// Finishes queued ops, then releases threads, sockets and shared memory.
-    /// Later calls raise. Idempotent.
+    /// Later calls raise. Idempotent. Called from an op's callback (on the
+    /// completer thread, which cannot wait for itself), it returns at once
+    /// and the release follows once the callbacks have returned.
     fn destroy(&self, py: Python<'_>) {
         let c = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
         let done = self
@@ -242,12 +244,19 @@ impl PyComm {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        py.detach(move || {
+        let release = move || {
             if let Some(done) = done {
                 done.shutdown();
             }
             drop(c);
-        });
+        };
+        if crate::work::on_completer_thread() {
+            let _ = std::thread::Builder::new()
+                .name("tutti-py-destroy".into())
+                .spawn(release);
+            return;
+        }
+        py.detach(release);
     }
 
     /// Number of ops this communicator has completed or failed.

@@ -13,10 +13,25 @@
 use crate::errors::to_pyerr;
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
+use std::cell::Cell;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+thread_local! {
+    /// True on a completer thread.
+    static ON_COMPLETER: Cell<bool> = const { Cell::new(false) };
+    /// The op whose callback this thread is running (null if none).
+    static RUNNING: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Whether the calling thread is a completer thread (inside a callback, as
+/// Python code only runs there in one): it cannot wait for the completer
+/// to finish.
+pub(crate) fn on_completer_thread() -> bool {
+    ON_COMPLETER.with(Cell::get)
+}
 
 /// What the handle and the completer share about one op.
 pub(crate) struct Shared {
@@ -29,11 +44,19 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The op's outcome once it (and its callback) finished, waiting at most `d`.
+    /// Whether the calling thread is running this op's callback: the op
+    /// itself is done, and its callback cannot be waited for from inside.
+    fn in_own_callback(&self) -> bool {
+        RUNNING.with(Cell::get) == std::ptr::from_ref(self)
+    }
+
+    /// The op's outcome once it (and its callback) finished, waiting at most
+    /// `d`; inside the op's own callback, once the op finished (a torch
+    /// future's callback that waits on its op's `Work`).
     fn wait_for(&self, d: Duration) -> Option<tutti::Result<()>> {
         let start = Instant::now();
         let r = self.work.wait_timeout(d)?;
-        if self.has_callback {
+        if self.has_callback && !self.in_own_callback() {
             let mut g = self.callback_done.lock().unwrap_or_else(|e| e.into_inner());
             while !*g {
                 let left = d.saturating_sub(start.elapsed());
@@ -52,7 +75,9 @@ impl Shared {
 
     fn is_done(&self) -> bool {
         self.work.is_done()
-            && (!self.has_callback || *self.callback_done.lock().unwrap_or_else(|e| e.into_inner()))
+            && (!self.has_callback
+                || self.in_own_callback()
+                || *self.callback_done.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn mark_callback_done(&self) {
@@ -110,6 +135,7 @@ impl PoolState {
     }
 
     fn serve(self: Arc<Self>) {
+        ON_COMPLETER.with(|c| c.set(true));
         loop {
             let next = self.rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
             let Ok(e) = next else { break };
@@ -133,9 +159,11 @@ impl PoolState {
                             Ok(()) => py.None(),
                             Err(err) => to_pyerr(py, err).into_value(py).into_any(),
                         };
+                        RUNNING.with(|c| c.set(Arc::as_ptr(&e.shared)));
                         if let Err(pe) = cb.call1(py, (arg,)) {
                             pe.write_unraisable(py, Some(cb.bind(py)));
                         }
+                        RUNNING.with(|c| c.set(std::ptr::null()));
                         drop(cb);
                         drop(e.keep);
                     });
