@@ -412,6 +412,38 @@ def t_destroy_in_callback(ctx):
     return True
 
 
+def t_destroy_subgroup(ctx):
+    """dist.destroy_process_group(subgroup) releases that group's communicator; the world
+    and groups made later keep working."""
+    import torch
+
+    from tutti.torch import ProcessGroupTutti
+
+    dist = ctx.dist()
+    n = ctx.n
+    g = dist.new_group(list(range(n)))
+    pg = g if isinstance(g, ProcessGroupTutti) else g._get_backend(torch.device("cpu"))
+    assert isinstance(g.group_name, str) and g.group_name
+    t = torch.ones(4)
+    dist.all_reduce(t, group=g)
+    assert t.tolist() == [float(n)] * 4
+    dist.destroy_process_group(g)
+    try:
+        pg.comm.ops_done()
+        raised = None
+    except RuntimeError as e:
+        raised = e
+    assert raised is not None and "destroyed" in str(raised), f"the subgroup's communicator lives: {raised!r}"
+    z = torch.ones(3)
+    dist.all_reduce(z)
+    assert z.tolist() == [float(n)] * 3
+    g2 = dist.new_group(list(range(n)))
+    u = torch.ones(2)
+    dist.all_reduce(u, group=g2)
+    assert u.tolist() == [float(n)] * 2
+    return True
+
+
 # ---- tests ----------------------------------------------------------------------------------
 
 
@@ -470,3 +502,7 @@ def test_torch_callback_waits_own_work(ranks):
 
 def test_torch_destroy_in_callback(ranks):
     ranks.run(t_destroy_in_callback)
+
+
+def test_torch_destroy_subgroup(ranks):
+    ranks.run(t_destroy_subgroup)

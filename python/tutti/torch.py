@@ -119,6 +119,20 @@ class ProcessGroupTutti(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
+    # torch keeps a group's name in its C++ backends, and this group has none (it is a
+    # ProcessGroup itself): without these, ``group_name`` raised "ProcessGroup name not
+    # set", and so did ``dist.destroy_process_group(subgroup)``.
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        """The name torch gave this group (``_set_group_name``)."""
+        name = getattr(self, "_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
     @property
     def comm(self) -> Any:
         """The tutti communicator (``tutti._native.Communicator``) behind this group."""
