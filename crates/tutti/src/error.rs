@@ -74,6 +74,11 @@ pub enum Error {
     #[error("communicator aborted")]
     Aborted,
 
+    /// A bug in tutti: an op panicked. The communicator is unusable (every
+    /// later op returns this error, and its peers were told); destroy it.
+    #[error("internal error: {0}")]
+    Internal(String),
+
     /// An operating-system call failed.
     #[error("{ctx}: {err}")]
     Io {

@@ -387,6 +387,67 @@ mod tests {
         t
     }
 
+    /// An op that panics inside its turn poisons the communicator and passes
+    /// the turn on: the caller sees the panic, every later op on any thread
+    /// fails at once with `Error::Internal`, an asynchronous op's waiter gets
+    /// that error, and a peer waiting in the same op is told (it fails long
+    /// before its timeout). Before, the turn was never passed on and every
+    /// later op waited for it forever.
+    #[test]
+    fn a_panicking_op_poisons_the_communicator_and_passes_the_turn_on() {
+        use crate::ReduceOp;
+        use std::time::{Duration, Instant};
+        let internal = |r: Result<()>| matches!(r, Err(Error::Internal(_)));
+        // Blocking, one rank.
+        let c = Communicator::init_all(1).unwrap().pop().unwrap();
+        c.engine.with_core(|k| k.panic_next = true);
+        let p = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = c.all_reduce(&mut [1.0f32], ReduceOp::Sum);
+        }));
+        assert!(p.is_err(), "the injected panic reaches the caller");
+        let t = Instant::now();
+        assert!(internal(c.all_reduce(&mut [1.0f32], ReduceOp::Sum)));
+        let other = std::thread::scope(|s| {
+            s.spawn(|| c.barrier())
+                .join()
+                .expect("no panic on another thread")
+        });
+        assert!(internal(other));
+        assert!(t.elapsed() < Duration::from_secs(5));
+
+        // Asynchronous: the progress thread survives and reports.
+        let c = Communicator::init_all(1).unwrap().pop().unwrap();
+        c.engine.with_core(|k| k.panic_next = true);
+        let r = c.all_reduce_async(vec![1.0f32; 4], ReduceOp::Sum).wait();
+        assert!(matches!(r, Err(Error::Internal(_))), "{r:?}");
+        let r = c.all_reduce_async(vec![1.0f32; 4], ReduceOp::Sum).wait();
+        assert!(matches!(r, Err(Error::Internal(_))), "{r:?}");
+
+        // Two ranks: rank 0 panics in an AllReduce that rank 1 waits in.
+        let config = Config {
+            timeout: Duration::from_secs(60),
+            ..Config::from_env().unwrap()
+        };
+        let mut cs = Communicator::init_all_with(2, config).unwrap();
+        let c1 = cs.pop().unwrap();
+        let c0 = cs.pop().unwrap();
+        c0.engine.with_core(|k| k.panic_next = true);
+        let t = Instant::now();
+        let (r0, r1) = std::thread::scope(|s| {
+            let h1 = s.spawn(|| c1.all_reduce(&mut [1.0f32; 1000], ReduceOp::Sum));
+            let h0 = s.spawn(|| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    c0.all_reduce(&mut [1.0f32; 1000], ReduceOp::Sum)
+                }))
+            });
+            (h0.join().unwrap(), h1.join().unwrap())
+        });
+        assert!(r0.is_err(), "rank 0 panicked");
+        assert!(r1.is_err(), "rank 1 was told: {r1:?}");
+        assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+        assert!(internal(c0.all_reduce(&mut [1.0f32], ReduceOp::Sum)));
+    }
+
     #[test]
     fn cpu_share_comes_from_every_hosts_cpus() {
         // The crowded host decides, whatever this machine has.

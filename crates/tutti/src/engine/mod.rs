@@ -171,6 +171,9 @@ pub(crate) struct Core {
     /// Whether the last op ran through the mailboxes.
     oneshot_ran: bool,
     poisoned: Option<Error>,
+    /// Test hook: the next op panics inside its turn.
+    #[cfg(test)]
+    pub(crate) panic_next: bool,
     /// The recovery listener (see `shrink`), drained now and then so that
     /// probes never fill its queue.
     pub(crate) rescue: Option<std::net::TcpListener>,
@@ -234,6 +237,8 @@ impl Core {
             repeat: None,
             oneshot_ran: false,
             poisoned: None,
+            #[cfg(test)]
+            panic_next: false,
             recorder: recorder::Recorder::default(),
             rescue: None,
             rescue_due: Instant::now(),
@@ -308,6 +313,10 @@ impl Core {
     fn run(&mut self, c: &OpCall, abort: &AtomicBool, repeat: bool) -> Result<()> {
         if let Some(e) = &self.poisoned {
             return Err(e.clone());
+        }
+        #[cfg(test)]
+        if std::mem::take(&mut self.panic_next) {
+            panic!("a panic injected by a test, inside op {}", self.seq);
         }
         if abort.load(Ordering::Relaxed) {
             // Aborted while idle: no op saw it fail, so tell the peers now,
@@ -826,10 +835,33 @@ pub(crate) struct Turns {
 // SAFETY: one thread at a time touches the core (above); `Core` is `Send`.
 unsafe impl Sync for Turns {}
 
-/// Exclusive access to the core for the op whose turn it is.
+/// Exclusive access to the core for the op whose turn it is. Dropping it
+/// passes the turn on, also when the op panics: then the core is poisoned
+/// first (it may be half-way through a schedule), so that every later op
+/// fails with [`Error::Internal`] and the peers are told, instead of every
+/// later op waiting for a turn that never comes.
 pub(crate) struct Turn<'a> {
     turns: &'a Turns,
     ticket: u64,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let core: &mut Core = self;
+            let e = Error::Internal(format!(
+                "an op panicked on rank {} (a bug in tutti: please report it); this \
+                 communicator is unusable, destroy it",
+                core.rank
+            ));
+            core.poison(&e);
+        }
+        let t = self.turns;
+        t.next_turn.store(self.ticket + 1, Ordering::SeqCst);
+        if t.waiters.load(Ordering::SeqCst) > 0 {
+            t.wake_all();
+        }
+    }
 }
 
 impl std::ops::Deref for Turn<'_> {
@@ -887,12 +919,11 @@ impl Turns {
         })
     }
 
+    /// Passes the turn on (what dropping `g` does; see [`Turn`]).
     #[inline]
     fn end_turn(&self, g: Turn<'_>) {
-        self.next_turn.store(g.ticket + 1, Ordering::SeqCst);
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.wake_all();
-        }
+        debug_assert!(std::ptr::eq(g.turns, self));
+        drop(g);
     }
 
     /// Wakes every thread waiting for its turn (to find it, or an abort).
@@ -1014,8 +1045,19 @@ impl Engine {
                 .spawn(move || {
                     while let Ok(mut job) = rx.recv() {
                         job.call.background = true;
-                        let _ =
-                            Self::run_turn(&core, job.ticket, &job.call, &abort, Some(&job.done));
+                        // An op that panics has poisoned the core and passed
+                        // the turn on (`Turn`); its waiter gets the error, and
+                        // this thread serves the ops after it (which fail).
+                        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            Self::run_turn(&core, job.ticket, &job.call, &abort, Some(&job.done))
+                        }));
+                        if ran.is_err() {
+                            job.done.complete(Err(Error::Internal(
+                                "an asynchronous op panicked (a bug in tutti: please report \
+                                 it); this communicator is unusable, destroy it"
+                                    .into(),
+                            )));
+                        }
                     }
                 })
                 .expect("spawning the progress thread");
