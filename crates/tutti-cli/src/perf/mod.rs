@@ -58,7 +58,7 @@ pub(crate) struct PerfArgs {
         default_value_t = 2
     )]
     pub stepfactor: usize,
-    /// Warm-up calls per size [default: 5, fewer when a call takes long].
+    /// Warm-up calls per size [default: 5, more to fill ~2 ms, fewer when a call takes long].
     #[arg(
         short = 'w',
         long = "warmup-iters",
@@ -66,7 +66,7 @@ pub(crate) struct PerfArgs {
         value_name = "N"
     )]
     pub warmup: Option<usize>,
-    /// Timed calls per size [default: 20, capped at ~0.2 s of calls]; given explicitly, exactly N.
+    /// Timed calls per size [default: 20, more to fill ~10 ms, capped at ~0.2 s of calls]; given explicitly, exactly N.
     #[arg(short = 'i', long = "iters", value_name = "N", conflicts_with = "time")]
     pub iters: Option<usize>,
     /// Seconds of timed calls per size; the iteration count follows (like the peers' -t).
@@ -131,14 +131,24 @@ pub(crate) struct PerfArgs {
 const DEFAULT_RANKS: usize = 4;
 /// Default cap on timed work per size, seconds.
 const CAP_SECS: f64 = 0.2;
+/// By default, warm-up calls fill at least this many seconds per size.
+const MIN_WARMUP_SECS: f64 = 0.002;
+/// By default, timed calls fill at least this many seconds per size. Small
+/// calls are otherwise timed over a few tens of microseconds, in which the
+/// first calls after a change of size weigh heavily: 2 ranks, send_recv of
+/// 2 KiB, 5 warm-up and 20 timed calls measured 8.3-17.7 us a call in three
+/// runs, 1.5-2.2 us with 200 or 2000 timed calls (4 KiB: 15.2-16.1 against
+/// 2.6-3.1; AllReduce of 4 KiB 5.66 against 0.80).
+const MIN_TIMED_SECS: f64 = 0.01;
 
 /// How many warm-up and timed calls to make.
 #[derive(Clone, Copy, Debug)]
 enum Count {
     /// Exactly this many (given on the command line).
     Exact(usize),
-    /// At most this many, and at most about `CAP_SECS` of calls.
-    Capped(usize),
+    /// This many, or more to fill the given seconds, and at most about
+    /// `CAP_SECS` of calls.
+    Capped(usize, f64),
     /// As many as fit in this many seconds.
     Timed(f64),
 }
@@ -148,7 +158,9 @@ impl Count {
         let t = secs_per_call.max(1e-9);
         match self {
             Count::Exact(n) => n,
-            Count::Capped(n) => n.min(((CAP_SECS / t).ceil() as usize).max(1)),
+            Count::Capped(n, min) => n
+                .max((min / t).ceil() as usize)
+                .min(((CAP_SECS / t).ceil() as usize).max(1)),
             Count::Timed(s) => ((s / t).round() as usize).clamp(1, 1_000_000),
         }
     }
@@ -224,12 +236,15 @@ impl Plan {
                 return Err("--time must be a positive number of seconds".into())
             }
             Some(t) => (
-                a.warmup.map_or(Count::Capped(5), Count::Exact),
+                a.warmup
+                    .map_or(Count::Capped(5, MIN_WARMUP_SECS), Count::Exact),
                 Count::Timed(t),
             ),
             None => (
-                a.warmup.map_or(Count::Capped(5), Count::Exact),
-                a.iters.map_or(Count::Capped(20), Count::Exact),
+                a.warmup
+                    .map_or(Count::Capped(5, MIN_WARMUP_SECS), Count::Exact),
+                a.iters
+                    .map_or(Count::Capped(20, MIN_TIMED_SECS), Count::Exact),
             ),
         };
         if matches!(iters, Count::Exact(0)) {
@@ -518,7 +533,10 @@ fn header(comm: &Communicator, a: &PerfArgs, plan: &Plan, info: &[RankInfo]) -> 
     };
     let count = |c: Count, what: &str| match c {
         Count::Exact(k) => format!("{what} {k}"),
-        Count::Capped(k) => format!("{what} {k} (at most ~{CAP_SECS} s per size)"),
+        Count::Capped(k, min) => format!(
+            "{what} {k} (at least ~{} ms, at most ~{CAP_SECS} s per size)",
+            min * 1e3
+        ),
         Count::Timed(s) => format!("{what}: {s} s per size"),
     };
     h += &format!(
