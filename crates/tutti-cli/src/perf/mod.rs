@@ -358,6 +358,9 @@ struct Meas {
     time_us: f64,
     iters: usize,
     wrong: Option<u64>,
+    /// What Auto ran (`ring`, `tree/4`: algorithm and pipeline chunks),
+    /// if nothing was forced.
+    picked: Option<String>,
 }
 
 fn all_max(comm: &Communicator, x: f64) -> tutti::Result<f64> {
@@ -437,6 +440,17 @@ fn measure<T: Val>(
         first
     };
     let iters = plan.iters.for_estimate(est);
+    let picked = match (plan.algo, kind) {
+        (None, k) if k != CollKind::SendRecv => {
+            let c = comm.plan(bench::collective(kind, plan.root), count, T::DTYPE)?;
+            Some(if c.chunks > 1 {
+                format!("{}/{}", c.algorithm, c.chunks)
+            } else {
+                c.algorithm.to_string()
+            })
+        }
+        _ => None,
+    };
     comm.barrier()?;
     let t = time_calls(&mut b, iters)?;
     let time = all_max(comm, t)?;
@@ -451,6 +465,7 @@ fn measure<T: Val>(
         time_us: time * 1e6,
         iters,
         wrong,
+        picked,
     })
 }
 
@@ -704,7 +719,11 @@ fn worker(a: &PerfArgs, plan: &Plan) -> Result<i32, String> {
                     } else {
                         -1
                     },
-                    algo: plan.algo.map_or("auto".into(), |x| x.to_string()),
+                    algo: match (plan.algo, &m.picked) {
+                        (Some(x), _) => x.to_string(),
+                        (None, Some(p)) => format!("auto:{p}"),
+                        (None, None) => "auto".into(),
+                    },
                     transport: transport.clone(),
                 }
             };

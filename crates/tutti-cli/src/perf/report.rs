@@ -39,7 +39,8 @@ pub(crate) struct Row {
     pub op: String,
     /// Root (`-1` for collectives without one).
     pub root: i64,
-    /// Forced algorithm (`auto`: the tuner's choice).
+    /// The forced algorithm, or `auto:` and what Auto ran (`auto:ring`,
+    /// `auto:tree/4` with 4 pipeline chunks; `auto` where it picks none).
     pub algo: String,
     /// The transports rank 0 uses (`shm`, `tcp`, `shm+tcp`, `local`, `none`).
     pub transport: String,
