@@ -14,7 +14,7 @@
 //! engine asks the tuner for candidates (`tune::candidates`): the model's
 //! pick first, then the others priced within [`SPREAD`] of the cheapest, at
 //! most [`MAX_CANDIDATES`]. With one candidate there is nothing to try.
-//! Otherwise the candidates take turns, [`ROUNDS`] times, turn t starting
+//! Otherwise the candidates take turns, [`TURNS`] times, turn t starting
 //! with candidate t (the model's pick first in the first); in its turn a
 //! candidate runs a block of calls in a row, with (l, t) = [`trials`] for
 //! the call's size:
@@ -23,8 +23,8 @@
 //!   l calls        untimed (first touch, schedule, and the ranks settling
 //!                  after the switch from the last candidate)
 //!   t calls        timed
-//!   after ROUNDS   each rank takes the mean of its times per candidate and
-//!   x k (l + t)    turn; one AllReduce (max) of those k x ROUNDS numbers;
+//!   after TURNS    each rank takes the mean of its times per candidate and
+//!   x k (l + t)    turn; one AllReduce (max) of those k x TURNS numbers;
 //!   calls          a candidate's score is the median over turns of its time
 //!                  over the model's pick's in the same turn; the least
 //!                  wins, the model's pick unless another is faster by
@@ -80,8 +80,9 @@ pub const MIN_TRIALS: usize = 3;
 /// Most timed calls per candidate and turn.
 pub const MAX_TRIALS: usize = 85;
 /// The candidates take turns this many times, each turn a block of calls
-/// in a row, so that every candidate's calls spread over the whole trial.
-pub const ROUNDS: usize = 3;
+/// in a row, so that every candidate's calls spread over the whole trial
+/// (named `ROUNDS` before 2026-12-01: it counts turns).
+pub const TURNS: usize = 3;
 
 /// Another candidate replaces the model's pick only when faster by more
 /// than this fraction: between near-equal candidates, keep what the model
@@ -90,11 +91,11 @@ pub const KEEP_MODEL: f64 = 0.03;
 
 /// Untimed and timed calls in a candidate's block (one per turn) for a
 /// call of `bytes` bytes (count x element size, as the engine counts a
-/// call's bytes): over the [`ROUNDS`], the timed ones move about
+/// call's bytes): over the [`TURNS`] turns, the timed ones move about
 /// [`TRIAL_BYTES`] (from [`MIN_TRIALS`] to [`MAX_TRIALS`] a block); a
 /// quarter as many (at least one) lead in untimed.
 pub fn trials(bytes: usize) -> (usize, usize) {
-    let timed = (TRIAL_BYTES / ROUNDS / bytes.max(1)).clamp(MIN_TRIALS, MAX_TRIALS);
+    let timed = (TRIAL_BYTES / TURNS / bytes.max(1)).clamp(MIN_TRIALS, MAX_TRIALS);
     (timed.div_ceil(4), timed)
 }
 
@@ -102,7 +103,7 @@ pub fn trials(bytes: usize) -> (usize, usize) {
 /// Auto runs its decision.
 pub fn max_calls(bytes: usize) -> usize {
     let (lead, timed) = trials(bytes);
-    (ROUNDS * MAX_CANDIDATES + 1) * (lead + timed)
+    (TURNS * MAX_CANDIDATES + 1) * (lead + timed)
 }
 
 /// A shape's trials so far.
@@ -125,7 +126,7 @@ impl Trials {
         debug_assert!(cands.len() >= 2);
         let (lead, per) = trials(bytes);
         Trials {
-            secs: vec![0.0; ROUNDS * cands.len()],
+            secs: vec![0.0; TURNS * cands.len()],
             cands,
             lead,
             per,
@@ -164,7 +165,7 @@ impl Trials {
             self.secs[turn * self.cands.len() + c] += secs;
         }
         self.calls += 1;
-        self.calls == (ROUNDS * self.cands.len() + 1) * (self.lead + self.per)
+        self.calls == (TURNS * self.cands.len() + 1) * (self.lead + self.per)
     }
 
     /// This rank's mean time per call of each candidate in each turn, in
@@ -245,10 +246,10 @@ mod tests {
             assert_eq!(t.next(), (cands()[0], false));
             assert!(!t.record(99.0));
         }
-        for round in 0..ROUNDS {
+        for turn in 0..TURNS {
             for slot in 0..3 {
-                // Turn `round` starts with candidate `round`.
-                let k = (round + slot) % 3;
+                // Turn `turn` starts with candidate `turn`.
+                let k = (turn + slot) % 3;
                 let c = cands()[k];
                 for _ in 0..lead {
                     assert_eq!(t.next(), (c, false));
@@ -258,15 +259,15 @@ mod tests {
                     assert_eq!(t.next(), (c, true));
                     // Candidate k takes 10 + k and 20 + k seconds in turn,
                     // plus the turn's number.
-                    let secs = if j % 2 == 0 { 10.0 } else { 20.0 } + (k + round) as f64;
-                    let last = round == ROUNDS - 1 && slot == 2 && j == per - 1;
-                    assert_eq!(t.record(secs), last, "{round} {k} {j}");
+                    let secs = if j % 2 == 0 { 10.0 } else { 20.0 } + (k + turn) as f64;
+                    let last = turn == TURNS - 1 && slot == 2 && j == per - 1;
+                    assert_eq!(t.record(secs), last, "{turn} {k} {j}");
                 }
             }
         }
         // The means of the timed calls per turn and candidate; the untimed
         // ones do not count.
-        let want: Vec<f64> = (0..ROUNDS)
+        let want: Vec<f64> = (0..TURNS)
             .flat_map(|r| (0..3).map(move |k| (15 + k + r) as f64 * 1e6))
             .collect();
         assert_eq!(t.means_us(), want);
@@ -317,7 +318,7 @@ mod tests {
         assert_eq!(trials(8), (22, 85));
         assert_eq!(trials(64 << 10), (22, 85));
         assert_eq!(trials(6 << 20), (1, 3));
-        assert_eq!(max_calls(64 << 20), (ROUNDS * MAX_CANDIDATES + 1) * 4);
+        assert_eq!(max_calls(64 << 20), (TURNS * MAX_CANDIDATES + 1) * 4);
         for bytes in [0, 8, 100 << 10, 1 << 20, 5 << 20, 1 << 30] {
             let mut t = Trials::new(cands(), bytes);
             let mut n = 1;
@@ -325,7 +326,7 @@ mod tests {
                 n += 1;
             }
             let (lead, per) = trials(bytes);
-            assert_eq!(n, (ROUNDS * 3 + 1) * (lead + per), "{bytes}");
+            assert_eq!(n, (TURNS * 3 + 1) * (lead + per), "{bytes}");
             assert!(n <= max_calls(bytes));
         }
     }
