@@ -12,8 +12,9 @@
 //! rounds of the ratio within a round (a round lasts a fraction of a
 //! second, so a slow stretch of the machine that slows a whole round
 //! cancels), and the best is the algorithm against which that median is
-//! highest. The last column is Auto's median over the best median (not
-//! paired), for comparison.
+//! highest. Then Auto's median over the best median (not paired), for
+//! comparison, and last Auto over its own pick forced, paired (`auto/pick`:
+//! one schedule timed twice a round, so its spread is the bench's noise).
 //! Before a size's rounds, Auto's calls run until its online tuning has
 //! decided (`TUTTI_TUNE=model` compares the cost model's pick instead).
 //!
@@ -103,8 +104,8 @@ fn main() -> tutti::Result<()> {
             print!(" {:>9}", &a.name()[..a.name().len().min(9)]);
         }
         println!(
-            " {:>16} {:>9} {:>9} {:>11}",
-            "best", "auto/best", "pick/best", "auto/best_m"
+            " {:>16} {:>9} {:>9} {:>11} {:>9}",
+            "best", "auto/best", "pick/best", "auto/best_m", "auto/pick"
         );
     }
     let mut bytes = min.max(4);
@@ -199,17 +200,20 @@ fn main() -> tutti::Result<()> {
             }
             // The pick's own forced time over the best: how well Auto
             // chose, apart from the noise between two runs of one schedule.
-            let picked = algs
-                .iter()
-                .position(|&a| a == pick.algorithm)
-                .map_or(f64::NAN, |i| over_best(1 + i).1);
+            let at = algs.iter().position(|&a| a == pick.algorithm);
+            let picked = at.map_or(f64::NAN, |i| over_best(1 + i).1);
             let best_med = med[1..].iter().copied().fold(f64::INFINITY, f64::min);
+            // Auto over its own pick forced, paired: the same schedule
+            // (unless the chunk counts differ) timed twice per round, so
+            // what this ratio shows besides 1.0 is the bench's own noise.
+            let same = at.map_or(f64::NAN, |i| paired(0, 1 + i));
             println!(
-                " {:>16} {:>9.2} {:>9.2} {:>11.2}",
+                " {:>16} {:>9.2} {:>9.2} {:>11.2} {:>9.2}",
                 algs[bi].name(),
                 auto_best,
                 picked,
-                med[0] / best_med
+                med[0] / best_med,
+                same
             );
         }
         bytes *= 4;
