@@ -386,26 +386,38 @@ def t_callback_waits_own_work(ctx):
     return True
 
 
+def _tutti_group(g):
+    """The ProcessGroupTutti behind a torch group."""
+    import torch
+
+    from tutti.torch import ProcessGroupTutti
+
+    return g if isinstance(g, ProcessGroupTutti) else g._get_backend(torch.device("cpu"))
+
+
+def _raises_destroyed(fn):
+    """Asserts that fn() raises the RuntimeError of a destroyed communicator."""
+    try:
+        fn()
+    except RuntimeError as e:
+        assert "destroyed" in str(e), repr(e)
+        return
+    raise AssertionError("an op on a destroyed communicator ran")
+
+
 def t_destroy_in_callback(ctx):
     """Destroying a group's communicator from an op's callback returns (the release
     follows once the callback has returned); later ops on it raise, other groups work."""
     import torch
 
-    from tutti.torch import ProcessGroupTutti
-
     dist = ctx.dist()
     g = dist.new_group(list(range(ctx.n)))
-    pg = g if isinstance(g, ProcessGroupTutti) else g._get_backend(torch.device("cpu"))
+    pg = _tutti_group(g)
     t = torch.ones(8)
     w = dist.all_reduce(t, group=g, async_op=True)
     w.get_future().then(lambda f: pg.comm.destroy()).wait()
     assert torch.all(t == ctx.n)
-    try:
-        dist.all_reduce(torch.ones(2), group=g)
-        raised = None
-    except RuntimeError as e:
-        raised = e
-    assert raised is not None and "destroyed" in str(raised), f"an op on a destroyed communicator: {raised!r}"
+    _raises_destroyed(lambda: dist.all_reduce(torch.ones(2), group=g))
     z = torch.ones(3)
     dist.all_reduce(z)
     assert z.tolist() == [float(ctx.n)] * 3
@@ -417,23 +429,16 @@ def t_destroy_subgroup(ctx):
     and groups made later keep working."""
     import torch
 
-    from tutti.torch import ProcessGroupTutti
-
     dist = ctx.dist()
     n = ctx.n
     g = dist.new_group(list(range(n)))
-    pg = g if isinstance(g, ProcessGroupTutti) else g._get_backend(torch.device("cpu"))
+    pg = _tutti_group(g)
     assert isinstance(g.group_name, str) and g.group_name
     t = torch.ones(4)
     dist.all_reduce(t, group=g)
     assert t.tolist() == [float(n)] * 4
     dist.destroy_process_group(g)
-    try:
-        pg.comm.ops_done()
-        raised = None
-    except RuntimeError as e:
-        raised = e
-    assert raised is not None and "destroyed" in str(raised), f"the subgroup's communicator lives: {raised!r}"
+    _raises_destroyed(pg.comm.ops_done)
     z = torch.ones(3)
     dist.all_reduce(z)
     assert z.tolist() == [float(n)] * 3
