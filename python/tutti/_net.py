@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import datetime
-import fcntl
 import os
 import socket
-import struct
 from typing import Any, List, Optional
 
 from . import _native
@@ -35,19 +33,8 @@ def my_address() -> Optional[str]:
 
 
 def local_addresses() -> List[str]:
-    """This host's IPv4 addresses other than loopback, one per interface that has one,
-    in interface order."""
-    out = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                req = struct.pack("256s", name.encode()[:15])
-                addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])  # SIOCGIFADDR
-            except OSError:
-                continue  # no IPv4 address on this interface
-            if not addr.startswith("127."):
-                out.append(addr)
-    return out
+    """This host's IPv4 addresses other than loopback (the core's interface list)."""
+    return list(_native._local_addresses())
 
 
 def _tcp_store_host(store: Any) -> Optional[str]:

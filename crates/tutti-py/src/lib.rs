@@ -151,6 +151,19 @@ fn _dtype_codes() -> Vec<(&'static str, u8, usize)> {
         .collect()
 }
 
+/// This host's IPv4 addresses other than loopback, of the interfaces that
+/// are up (`tutti::topo::iface::list`), in the kernel's order.
+#[pyfunction]
+fn _local_addresses() -> PyResult<Vec<String>> {
+    let list = tutti::topo::iface::list()
+        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+    Ok(list
+        .into_iter()
+        .filter(|i| !i.addr.is_loopback())
+        .map(|i| i.addr.to_string())
+        .collect())
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::PyComm>()?;
@@ -158,6 +171,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyUniqueId>()?;
     m.add_function(wrap_pyfunction!(array::buffer, m)?)?;
     m.add_function(wrap_pyfunction!(_dtype_codes, m)?)?;
+    m.add_function(wrap_pyfunction!(_local_addresses, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
