@@ -16,7 +16,10 @@
 //! comparison, and last Auto over its own pick forced, paired (`auto/pick`:
 //! one schedule timed twice a round, so its spread is the bench's noise).
 //! Before a size's rounds, Auto's calls run until its online tuning has
-//! decided (`TUTTI_TUNE=model` compares the cost model's pick instead).
+//! decided (`TUTTI_TUNE=model` compares the cost model's pick instead;
+//! `TUTTI_TUNE=once`, the first decision without reviews); the ratios
+//! against the pick are against that first decision, and `auto picks`
+//! shows `first>last` where a review changed it during the rounds.
 //!
 //! Environment: `AVF_COLL` (all_reduce, broadcast, reduce, all_gather,
 //! reduce_scatter; default all_reduce), `AVF_MIN`/`AVF_MAX` (bytes, default
@@ -163,6 +166,7 @@ fn main() -> tutti::Result<()> {
                 t[i].push(time(&comm, &call, o, iters)? * 1e6);
             }
         }
+        let last = comm.plan(coll, count, DataType::F32)?;
         if me == 0 && std::env::var_os("AVF_DUMP").is_some() {
             for (i, v) in t.iter().enumerate() {
                 let r: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
@@ -184,17 +188,20 @@ fn main() -> tutti::Result<()> {
             };
             let (bi, auto_best) = over_best(0);
             let med: Vec<f64> = t.iter().map(|v| median(&mut v.clone())).collect();
-            let cut = if pick.chunks > 1 {
-                format!("/{}", pick.chunks)
-            } else {
-                String::new()
+            let name = |c: &tutti::tune::Choice| {
+                if c.chunks > 1 {
+                    format!("{}/{}", c.algorithm, c.chunks)
+                } else {
+                    c.algorithm.to_string()
+                }
             };
-            print!(
-                "{:>10} {:>18} {:>9.2}",
-                bytes,
-                format!("{}{cut}", pick.algorithm),
-                med[0]
-            );
+            // Where a review changed Auto's pick during the rounds: the
+            // pick before and after.
+            let mut picks = name(&pick);
+            if last.algorithm != pick.algorithm || last.chunks != pick.chunks {
+                picks = format!("{picks}>{}", name(&last));
+            }
+            print!("{:>10} {:>18} {:>9.2}", bytes, picks, med[0]);
             for v in &med[1..] {
                 print!(" {v:>9.2}");
             }

@@ -44,7 +44,7 @@ pub enum TransportChoice {
 /// | `TUTTI_SOCKET_IFNAME` | [`socket_ifname`](Config::socket_ifname) | any |
 /// | `TUTTI_HOST_ID` | [`host_id`](Config::host_id) | hostname + boot id + network namespace |
 /// | `TUTTI_DETERMINISTIC` (`0`, `1`) | [`deterministic`](Config::deterministic) | 0 |
-/// | `TUTTI_TUNE` (`online`, `model`) | [`online`](Config::online) | online |
+/// | `TUTTI_TUNE` (`online`, `once`, `model`) | [`online`](Config::online), [`review`](Config::review) | online |
 /// | `TUTTI_TOPO_FILE` | [`topo_file`](Config::topo_file) | detect |
 /// | `TUTTI_TCP_SOCKETS` | [`tcp_sockets`](Config::tcp_sockets) | auto |
 /// | `TUTTI_TCP_CHUNK` | [`tcp_chunk`](Config::tcp_chunk) | 256 KiB |
@@ -84,6 +84,11 @@ pub struct Config {
     /// ([`tune::online`](crate::tune::online)); `false`: the cost model's
     /// pick, always.
     pub online: bool,
+    /// With [`online`](Config::online): Auto times the candidates again now
+    /// and then after deciding, and changes its pick when another has
+    /// become faster (`TUTTI_TUNE=online`); `false`: the first decision
+    /// stays (`TUTTI_TUNE=once`).
+    pub review: bool,
     /// A saved topology (`tutti topo --json`) whose host grouping replaces detection.
     pub topo_file: Option<String>,
     /// Sockets per TCP peer pair (1 to 8); `None` picks automatically. The
@@ -114,6 +119,7 @@ impl Default for Config {
             host_id: None,
             deterministic: false,
             online: true,
+            review: true,
             topo_file: None,
             tcp_sockets: None,
             tcp_chunk: crate::transport::tcp::DEFAULT_CHUNK,
@@ -283,12 +289,13 @@ impl Config {
             c.deterministic = flag("TUTTI_DETERMINISTIC", &v)?;
         }
         if let Some(v) = var("TUTTI_TUNE") {
-            c.online = match v.trim().to_ascii_lowercase().as_str() {
-                "online" => true,
-                "model" => false,
+            (c.online, c.review) = match v.trim().to_ascii_lowercase().as_str() {
+                "online" => (true, true),
+                "once" => (true, false),
+                "model" => (false, false),
                 _ => {
                     return Err(Error::Config(format!(
-                        "TUTTI_TUNE={v:?}: use online or model"
+                        "TUTTI_TUNE={v:?}: use online, once or model"
                     )))
                 }
             };

@@ -157,6 +157,130 @@ fn online_tuning_agrees_tcp_3() {
     );
 }
 
+/// The first of `COUNTS` whose AllReduce has candidates to try (the same
+/// on every rank), after one call of each until then.
+fn tuned_count(c: &Communicator) -> usize {
+    COUNTS
+        .into_iter()
+        .find(|&count| {
+            let mut x = vec![0f32; count];
+            c.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+            c.is_tuning(Collective::AllReduce, count, DataType::F32)
+        })
+        .expect("a tuned shape")
+}
+
+/// Calls of `count` elements by which online tuning has reviewed its
+/// decision twice: the first decision, 16 turns' span, a review, 32 turns'
+/// span, a review (4 candidates at most), twice over.
+fn review_bound(count: usize) -> usize {
+    let (lead, per) = tutti::tune::online::trials(count * 4);
+    2 * (lead + per) * (1 + 4 * (3 + 1 + 16 + 1 + 32))
+}
+
+/// Calls of one tuned AllReduce shape, made differently on each rank as in
+/// `tune_calls`, until online tuning has reviewed its decision twice; every
+/// result checked. Returns the reviews and the plan (as an index into
+/// `Algorithm::ALL`) after each call where the reviews went up.
+fn review_calls(c: &Communicator) -> Vec<f64> {
+    let (n, r) = (c.size(), c.rank());
+    let count = tuned_count(c);
+    let shape = (Collective::AllReduce, count, DataType::F32);
+    let bound = review_bound(count);
+    let mut seen = Vec::new();
+    let (mut send, mut recv) = (vec![0f32; count], vec![0f32; count]);
+    for k in 0..bound {
+        for (i, x) in send.iter_mut().enumerate() {
+            *x = val(r, i, k);
+        }
+        match (r, k % 3) {
+            (0, _) => c.all_reduce_into(&send, &mut recv, ReduceOp::Sum).unwrap(),
+            (1, 0) => {
+                recv.copy_from_slice(&send);
+                c.all_reduce(&mut recv, ReduceOp::Sum).unwrap();
+            }
+            (1, _) => {
+                recv = c
+                    .all_reduce_async(send.clone(), ReduceOp::Sum)
+                    .wait()
+                    .unwrap();
+            }
+            _ => {
+                let mut fresh = vec![0f32; count];
+                c.all_reduce_into(&send, &mut fresh, ReduceOp::Sum).unwrap();
+                recv = fresh;
+            }
+        }
+        for (i, v) in recv.iter().enumerate() {
+            let want = (0..n).map(|q| val(q, i, k)).sum::<f32>();
+            assert_eq!(*v, want, "count {count} call {k} rank {r} i {i}");
+        }
+        let reviews = c.tuning_reviews(shape.0, shape.1, shape.2);
+        if reviews > seen.len() / 2 {
+            let a = c.plan(shape.0, shape.1, shape.2).unwrap().algorithm;
+            seen.push(k as f64);
+            seen.push(Algorithm::ALL.iter().position(|&x| x == a).unwrap() as f64);
+            if reviews == 2 {
+                return seen;
+            }
+        }
+    }
+    panic!(
+        "rank {r}: {} reviews in {bound} calls of {count}",
+        seen.len() / 2
+    );
+}
+
+/// Reviews happen at the same call on every rank, with the same outcome.
+fn reviews_agree(c: &Communicator) {
+    let mine = review_calls(c);
+    let mut all = vec![0f64; mine.len() * c.size()];
+    c.all_gather(&mine, &mut all).unwrap();
+    for (q, theirs) in all.chunks(mine.len()).enumerate() {
+        assert_eq!(theirs, &mine[..], "rank {q} against rank {}", c.rank());
+    }
+}
+
+#[test]
+fn online_reviews_agree_threads() {
+    common::threads(3, |c, _: &Ctx| reviews_agree(c));
+}
+
+#[test]
+fn online_reviews_agree_shm_4() {
+    common::procs(
+        "online_reviews_agree_shm_4",
+        4,
+        Transport::Shm,
+        &[],
+        |c, _: &Ctx| reviews_agree(c),
+    );
+}
+
+#[test]
+fn tune_once_does_not_review() {
+    common::procs(
+        "tune_once_does_not_review",
+        2,
+        Transport::Shm,
+        &[("TUTTI_TUNE", "once")],
+        |c, _: &Ctx| {
+            // The calls by which online tuning reviews twice.
+            let count = tuned_count(c);
+            let mut x = vec![1f32; count];
+            for _ in 0..review_bound(count) {
+                c.all_reduce(&mut x, ReduceOp::Max).unwrap();
+            }
+            assert_eq!(x, vec![1f32; count]);
+            assert!(!c.is_tuning(Collective::AllReduce, count, DataType::F32));
+            assert_eq!(
+                c.tuning_reviews(Collective::AllReduce, count, DataType::F32),
+                0
+            );
+        },
+    );
+}
+
 #[test]
 fn tune_model_does_not_try() {
     common::procs(

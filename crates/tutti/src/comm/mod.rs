@@ -169,6 +169,21 @@ impl Communicator {
         )
     }
 
+    /// How many times Auto has timed the candidates for calls of `coll`
+    /// with `count` elements of `dtype` again after its first decision
+    /// (online tuning's reviews, see [`tune::online`](crate::tune::online);
+    /// 0 where it does not tune them, or with `TUTTI_TUNE=once`). The same
+    /// on every rank after the same calls.
+    pub fn tuning_reviews(
+        &self,
+        coll: crate::Collective,
+        count: usize,
+        dtype: crate::DataType,
+    ) -> usize {
+        let p = crate::algo::Problem::new(coll, self.size, self.rank, count);
+        self.engine.with_core(|c| c.online_reviews(&p, dtype))
+    }
+
     /// `n` communicators for `n` threads of this process (like
     /// `ncclCommInitAll`); element `r` is rank `r`. Uses the `local`
     /// transport (direct memory access) and reads [`Config::from_env`].

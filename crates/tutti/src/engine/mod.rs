@@ -152,6 +152,11 @@ pub(crate) struct Core {
     seq: u64,
     /// Collectives run (send/recv excluded): what headers carry.
     coll_seq: u32,
+    /// Collectives run, not wrapping: online tuning's reviews are due by it.
+    colls: u64,
+    /// The least collective number at which a shape's review is due
+    /// ([`Core::start_reviews`]).
+    review_from: u64,
     scratch: Vec<u8>,
     bounce: Vec<u8>,
     pad: Scratchpad,
@@ -233,6 +238,8 @@ impl Core {
             tune: crate::tune::TuneCtx::single_host(nranks),
             last: None,
             shapes: HashMap::new(),
+            colls: 0,
+            review_from: u64::MAX,
             mailbox,
             repeat: None,
             oneshot_ran: false,
@@ -279,8 +286,25 @@ impl Core {
             dtype,
         );
         match self.shapes.get(&key)? {
-            Shape::Decided(c) => Some(Ok(*c)),
-            Shape::Trying(_) => Some(Err(())),
+            Shape::Fixed(c) => Some(Ok(*c)),
+            Shape::Tuned(t) => t.trials.decided().ok_or(()).into(),
+        }
+    }
+
+    /// How many times online tuning has reviewed its decision for calls of
+    /// `p` and `dtype` (0 where it does not tune them).
+    pub(crate) fn online_reviews(&self, p: &Problem, dtype: DataType) -> usize {
+        let key = (
+            Problem {
+                in_place: false,
+                hosts: self.tune.hosts(),
+                ..p.clone()
+            },
+            dtype,
+        );
+        match self.shapes.get(&key) {
+            Some(Shape::Tuned(t)) => t.trials.reviews(),
+            _ => 0,
         }
     }
 
@@ -411,6 +435,11 @@ impl Core {
             _ => {}
         }
         let bytes = c.count * esz;
+        // A review is due: the shapes due leave the paths that skip the tuner.
+        let repeat = repeat && self.colls < self.review_from;
+        if self.colls >= self.review_from {
+            self.start_reviews();
+        }
         if repeat {
             let coll_seq = self.next_coll_seq(c.coll);
             self.run_oneshot(c, seq, op_tag(c), coll_seq, abort)?;
@@ -519,16 +548,54 @@ impl Core {
             }
             let cands = crate::tune::candidates(&key.0, c.dtype, &self.config.algo, &self.tune)?;
             let shape = if cands.len() < 2 {
-                Shape::Decided(cands[0])
+                Shape::Fixed(cands[0])
             } else {
-                Shape::Trying(Trials::new(cands, bytes))
+                Shape::Tuned(Tuning {
+                    trials: Trials::new(cands, bytes),
+                    review_at: None,
+                    gap: crate::tune::online::REVIEW_GAP,
+                    stretch_from: 0,
+                })
             };
             self.shapes.insert(key.clone(), shape);
         }
-        Ok(match &self.shapes[&key] {
-            Shape::Decided(d) => (Some(d.algorithm), None),
-            Shape::Trying(t) => (Some(t.next().0.algorithm), Some(key)),
+        let colls = self.colls;
+        Ok(match self.shapes.get_mut(&key).expect("inserted above") {
+            Shape::Fixed(d) => (Some(d.algorithm), None),
+            Shape::Tuned(t) => match (t.review_at, t.trials.decided()) {
+                (Some(_), Some(d)) => (Some(d.algorithm), None),
+                _ => {
+                    if t.trials.fresh() {
+                        t.stretch_from = colls;
+                    }
+                    (Some(t.trials.next().0.algorithm), Some(key))
+                }
+            },
         })
+    }
+
+    /// Online tuning's reviews that are due start: their shapes' next
+    /// calls try the candidates again, so the paths that skip the tuner
+    /// (the last call's schedule, the cache of decided shapes, the repeat
+    /// of a mailbox call) are cleared, and the next review due is found.
+    /// Every rank gets here at the same collective.
+    #[cold]
+    fn start_reviews(&mut self) {
+        let now = self.colls;
+        let mut next = u64::MAX;
+        for s in self.shapes.values_mut() {
+            if let Shape::Tuned(t) = s {
+                match t.review_at {
+                    Some(at) if at <= now => t.review_at = None,
+                    Some(at) => next = next.min(at),
+                    None => {}
+                }
+            }
+        }
+        self.review_from = next;
+        self.last = None;
+        self.repeat = None;
+        self.cache.retain(|k, _| k.1.is_some());
     }
 
     /// After a trial call of `key`'s shape that took `secs` here: once every
@@ -536,16 +603,37 @@ impl Core {
     /// time (the maximum over ranks of each rank's mean) and the shape
     /// is decided.
     fn trial_done(&mut self, key: ShapeKey, secs: f64, abort: &AtomicBool) -> Result<()> {
-        let Some(Shape::Trying(t)) = self.shapes.get_mut(&key) else {
+        let Some(Shape::Tuned(t)) = self.shapes.get_mut(&key) else {
             return Ok(());
         };
-        if !t.record(secs) {
+        if !t.trials.record(secs) {
             return Ok(());
         }
-        let cands = t.candidates().to_vec();
-        let mut us = t.means_us();
+        let cands = t.trials.candidates().to_vec();
+        let mut us = t.trials.means_us();
         self.all_max(&mut us, abort)?;
-        let d = crate::tune::online::decide(&cands, &us);
+        let colls = self.colls;
+        let Some(Shape::Tuned(t)) = self.shapes.get_mut(&key) else {
+            unreachable!("a shape is never forgotten");
+        };
+        let (d, turns, changed) = t.trials.agreed(&us);
+        let reviews = t.trials.reviews();
+        // The next review: REVIEW_GAP times a turn's span in collectives
+        // (the same count on every rank), doubling while reviews keep the
+        // pick.
+        use crate::tune::online::{REVIEW_GAP, REVIEW_GAP_MAX};
+        t.gap = match (reviews, changed) {
+            (0, _) | (_, true) => REVIEW_GAP,
+            _ => (t.gap * 2).min(REVIEW_GAP_MAX),
+        };
+        let span = (colls - t.stretch_from) / turns as u64;
+        let at = if self.config.review {
+            colls.saturating_add(t.gap.saturating_mul(span.max(1)))
+        } else {
+            u64::MAX
+        };
+        t.review_at = Some(at);
+        self.review_from = self.review_from.min(at);
         tracing::debug!(
             rank = self.rank,
             coll = key.0.coll.kind().name(),
@@ -560,9 +648,10 @@ impl Core {
                 })
                 .collect::<Vec<_>>(),
             picked = d.algorithm.name(),
+            reviews,
+            changed,
             "online tuning"
         );
-        self.shapes.insert(key, Shape::Decided(d));
         Ok(())
     }
 
@@ -602,6 +691,7 @@ impl Core {
         } else {
             let s = self.coll_seq;
             self.coll_seq = self.coll_seq.wrapping_add(1) % crate::transport::P2P_SEQ;
+            self.colls += 1;
             s
         }
     }
@@ -749,10 +839,23 @@ type ShapeKey = (Problem, DataType);
 
 /// Online tuning's state for one call shape.
 enum Shape {
-    /// Candidates still being timed.
-    Trying(Trials),
-    /// The algorithm picked (by measurement, or the only candidate).
-    Decided(crate::tune::Choice),
+    /// The only candidate: nothing to try.
+    Fixed(crate::tune::Choice),
+    /// Candidates timed, decided on, and reviewed.
+    Tuned(Tuning),
+}
+
+/// A tuned shape's trials and when they run.
+struct Tuning {
+    trials: Trials,
+    /// `None` while its trials run (the first, or a review); else the
+    /// collective number from which its next review is due (`u64::MAX`:
+    /// never).
+    review_at: Option<u64>,
+    /// Turn spans from one review to the next ([`tune::online::REVIEW_GAP`](crate::tune::online::REVIEW_GAP)).
+    gap: u64,
+    /// The collective number at the current stretch's first call.
+    stretch_from: u64,
 }
 
 /// Shapes online tuning keeps apart; calls of further shapes get the cost

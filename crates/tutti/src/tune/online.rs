@@ -53,6 +53,27 @@
 //! ring's means were 1.09-1.69x halving-doubling's in four runs, where in
 //! a loop the two ran within 10% of each other.
 //!
+//! Then reviews: the fastest candidate can change within a run, seconds
+//! after the trials measured it (4 ranks on 2 cores, Reduce of 256 KiB:
+//! the tree at 29-32 us a call for 18 rounds of a bench, then 44-52 us,
+//! while the ring went back to 33-35), so a decision is not final. Once
+//! [`REVIEW_GAP`] times as many collectives as a turn spanned have run on
+//! the communicator since the decision, the shape's next calls take one
+//! more turn (a block of each candidate, no warm-up), the ranks agree on
+//! its times as before, and the decision is made again on the last
+//! [`TURNS`] turns, against the current pick (kept unless another is more
+//! than [`KEEP_PICK`] faster). Each review that keeps the pick doubles the
+//! gap to the next, up to [`REVIEW_GAP_MAX`]; one that changes it resets
+//! the gap. A review is due by the communicator's count of collectives,
+//! which every rank keeps alike, so it starts at the same call everywhere
+//! (the engine then clears its paths that skip the tuner). What a review
+//! costs is the time its other candidates' blocks take beyond the pick's:
+//! one turn in every 17 turns' worth of the shape's calls at first, one in
+//! 129 after three reviews that kept the pick (as a fraction of the
+//! shape's own calls, the same where other shapes' calls run between: they
+//! stretch the turn's span and the gap alike). `TUTTI_TUNE=once` keeps the
+//! first decision.
+//!
 //! Every rank sees the same shapes in the same order and prices them alike
 //! (that is what lets the model choose without talking), so every rank
 //! tries the same algorithm on the same call, and the AllReduce gives every
@@ -79,15 +100,26 @@ pub const TRIAL_BYTES: usize = 32 << 20;
 pub const MIN_TRIALS: usize = 3;
 /// Most timed calls per candidate and turn.
 pub const MAX_TRIALS: usize = 85;
-/// The candidates take turns this many times, each turn a block of calls
-/// in a row, so that every candidate's calls spread over the whole trial
-/// (named `ROUNDS` before 2026-12-01: it counts turns).
+/// The candidates take turns this many times before the first decision,
+/// each turn a block of calls in a row, so that every candidate's calls
+/// spread over the whole trial (named `ROUNDS` before 2026-12-01: it
+/// counts turns); every decision looks at the last this many turns.
 pub const TURNS: usize = 3;
 
-/// Another candidate replaces the model's pick only when faster by more
-/// than this fraction: between near-equal candidates, keep what the model
-/// would pick (less churn from noise).
-pub const KEEP_MODEL: f64 = 0.03;
+/// Another candidate replaces the current pick (the model's, at first)
+/// only when faster by more than this fraction: between near-equal
+/// candidates, keep what runs (less churn from noise). Named `KEEP_MODEL`
+/// before reviews (2026-12-01).
+pub const KEEP_PICK: f64 = 0.03;
+
+/// After a decision, the candidates take one more turn (a review) once
+/// this many times as many collectives have run on the communicator as a
+/// turn spanned: the review's calls are about 1/17 of the shape's calls.
+pub const REVIEW_GAP: u64 = 16;
+/// Each review that keeps the pick doubles the gap to the next, up to this
+/// many times a turn's span; one that changes it goes back to
+/// [`REVIEW_GAP`].
+pub const REVIEW_GAP_MAX: u64 = 128;
 
 /// Untimed and timed calls in a candidate's block (one per turn) for a
 /// call of `bytes` bytes (count x element size, as the engine counts a
@@ -99,14 +131,16 @@ pub fn trials(bytes: usize) -> (usize, usize) {
     (timed.div_ceil(4), timed)
 }
 
-/// The most calls a shape of `bytes` bytes spends tuning: after this many,
-/// Auto runs its decision.
+/// The most calls a shape of `bytes` bytes spends tuning before its first
+/// decision: after this many, Auto runs its pick (until a review).
 pub fn max_calls(bytes: usize) -> usize {
     let (lead, timed) = trials(bytes);
     (TURNS * MAX_CANDIDATES + 1) * (lead + timed)
 }
 
-/// A shape's trials so far.
+/// A shape's trials: the first stretch (a warm-up block, then [`TURNS`]
+/// turns), the decision, then stretches of one turn each (reviews), each
+/// followed by a decision on the last [`TURNS`] turns.
 #[derive(Clone, Debug)]
 pub(crate) struct Trials {
     cands: Vec<Choice>,
@@ -114,9 +148,24 @@ pub(crate) struct Trials {
     lead: usize,
     /// Timed calls in a block.
     per: usize,
+    /// Whether the current stretch starts with a warm-up block (the first).
+    warm: bool,
+    /// Turns in the current stretch.
+    turns: usize,
+    /// Turns in the stretches before (each turn starts one candidate on).
+    turns_before: usize,
+    /// Calls made in the current stretch.
     calls: usize,
-    /// Seconds of timed calls, per turn and candidate (`turn * k + c`).
+    /// Seconds of timed calls in the current stretch, per turn and
+    /// candidate (`turn * k + c`).
     secs: Vec<f64>,
+    /// The agreed times (us) of the last [`TURNS`] turns, oldest first,
+    /// `turn * k + c`.
+    history: Vec<f64>,
+    /// The decided candidate (its index) and its mean time over `history`.
+    pick: Option<(usize, f64)>,
+    /// Decisions after the first.
+    reviews: usize,
 }
 
 impl Trials {
@@ -130,25 +179,37 @@ impl Trials {
             cands,
             lead,
             per,
+            warm: true,
+            turns: TURNS,
+            turns_before: 0,
             calls: 0,
+            history: Vec::new(),
+            pick: None,
+            reviews: 0,
         }
     }
 
-    /// The next call's turn, candidate (its index) and whether it is timed.
-    /// Turn t starts with candidate t (mod k): each candidate takes each
-    /// place in the order alike (the first block of a turn follows the
-    /// switch from the last one, or whatever ran before the trials).
-    /// Before the turns, one block's worth of untimed calls of the model's
-    /// pick warms up.
+    /// The next call's turn (in the stretch), candidate (its index) and
+    /// whether it is timed. Turn t starts with candidate t (mod k), counting
+    /// the turns of earlier stretches: each candidate takes each place in
+    /// the order alike (the first block of a turn follows the switch from
+    /// the last one, or whatever ran before). The first stretch starts with
+    /// one block's worth of untimed calls of the model's pick (warm-up).
     fn place(&self) -> (usize, usize, bool) {
         let k = self.cands.len();
         let block = self.lead + self.per;
-        let Some(calls) = self.calls.checked_sub(block) else {
-            return (0, 0, false);
+        let calls = if self.warm {
+            match self.calls.checked_sub(block) {
+                Some(c) => c,
+                None => return (0, 0, false),
+            }
+        } else {
+            self.calls
         };
         let turn = calls / (k * block);
         let j = calls % (k * block);
-        (turn, (turn + j / block) % k, j % block >= self.lead)
+        let c = (self.turns_before + turn + j / block) % k;
+        (turn, c, j % block >= self.lead)
     }
 
     /// What the next call runs, and whether it is timed.
@@ -157,19 +218,27 @@ impl Trials {
         (self.cands[c], timed)
     }
 
+    /// Whether the current stretch has not begun.
+    pub(crate) fn fresh(&self) -> bool {
+        self.calls == 0
+    }
+
     /// Records the call just made (`secs`: its time on this rank, used if
-    /// it was timed). True once every candidate has its timed calls.
+    /// it was timed). True once every candidate has its timed calls in this
+    /// stretch: the ranks then agree on [`means_us`](Trials::means_us) and
+    /// pass the result to [`agreed`](Trials::agreed).
     pub(crate) fn record(&mut self, secs: f64) -> bool {
         let (turn, c, timed) = self.place();
         if timed {
             self.secs[turn * self.cands.len() + c] += secs;
         }
         self.calls += 1;
-        self.calls == (TURNS * self.cands.len() + 1) * (self.lead + self.per)
+        let blocks = usize::from(self.warm) + self.turns * self.cands.len();
+        self.calls == blocks * (self.lead + self.per)
     }
 
-    /// This rank's mean time per call of each candidate in each turn, in
-    /// microseconds, turn by turn (`turn * k + candidate`). The mean, not
+    /// This rank's mean time per call of each candidate in each turn of the
+    /// stretch, in microseconds (`turn * k + candidate`). The mean, not
     /// the median: a loop's time per call is the mean, and where a rank
     /// runs ahead of its peers (a root posting into the mailboxes) most
     /// calls are quick and a few wait long; the median missed those waits
@@ -182,41 +251,79 @@ impl Trials {
             .collect()
     }
 
+    /// Ends the stretch with `us`, its times as the ranks agreed on them
+    /// (the maximum over ranks of [`means_us`](Trials::means_us)): decides
+    /// on the last [`TURNS`] turns, against the current pick (the model's
+    /// at first), and makes the next stretch a review of one turn. Returns
+    /// the decision, the stretch's turns and whether a review changed the
+    /// pick.
+    pub(crate) fn agreed(&mut self, us: &[f64]) -> (Choice, usize, bool) {
+        let k = self.cands.len();
+        self.history.extend_from_slice(us);
+        let keep = TURNS * k;
+        if self.history.len() > keep {
+            self.history.drain(..self.history.len() - keep);
+        }
+        let before = self.pick.map(|p| p.0);
+        let best = decide(&self.history, k, before.unwrap_or(0));
+        let turns = self.history.len() / k;
+        let mean = (0..turns).map(|t| self.history[t * k + best]).sum::<f64>() / turns as f64;
+        self.pick = Some((best, mean));
+        self.reviews += usize::from(before.is_some());
+        let stretch = self.turns;
+        self.turns_before += stretch;
+        self.warm = false;
+        self.turns = 1;
+        self.calls = 0;
+        self.secs = vec![0.0; k];
+        let changed = before.is_some_and(|b| b != best);
+        (self.decided().expect("just decided"), stretch, changed)
+    }
+
+    /// The decision, once there is one; its `us` is the winner's mean time
+    /// over the turns it was decided on.
+    pub(crate) fn decided(&self) -> Option<Choice> {
+        self.pick.map(|(c, us)| Choice {
+            us,
+            ..self.cands[c]
+        })
+    }
+
+    /// Decisions after the first.
+    pub(crate) fn reviews(&self) -> usize {
+        self.reviews
+    }
+
     /// The candidates, the model's pick first.
     pub(crate) fn candidates(&self) -> &[Choice] {
         &self.cands
     }
 }
 
-/// The winner among `cands` (the model's pick first) given `us`, the time
-/// per call of each candidate in each turn (`turn * k + candidate`; the
-/// maximum over ranks of each rank's mean). Paired by turn: a candidate's
-/// score is the median over turns of its time over the model's pick's in
-/// that turn, so that a slow stretch of the machine, which slows a whole
-/// turn, cancels. The least score wins; the model's pick (score 1) unless
-/// another is faster by more than [`KEEP_MODEL`]. The `us` of the result
-/// is the winner's mean time over the turns.
-pub(crate) fn decide(cands: &[Choice], us: &[f64]) -> Choice {
-    let k = cands.len();
+/// The winner (an index) among `k` candidates given `us`, the time per
+/// call of each in each turn (`turn * k + candidate`; the maximum over
+/// ranks of each rank's mean), against candidate `reference` (the current
+/// pick). Paired by turn: a candidate's score is the median over turns of
+/// its time over the reference's in that turn, so that a slow stretch of
+/// the machine, which slows a whole turn, cancels. The least score wins;
+/// the reference (score 1) unless another is faster by more than
+/// [`KEEP_PICK`].
+pub(crate) fn decide(us: &[f64], k: usize, reference: usize) -> usize {
     let turns = us.len() / k;
     let score = |c: usize| {
         let mut r: Vec<f64> = (0..turns)
-            .map(|t| us[t * k + c] / us[t * k])
+            .map(|t| us[t * k + c] / us[t * k + reference])
             .map(|x| if x.is_nan() { f64::INFINITY } else { x })
             .collect();
         r.sort_by(f64::total_cmp);
         r[turns / 2]
     };
-    let best = (1..k)
+    (0..k)
+        .filter(|&c| c != reference)
         .map(|c| (c, score(c)))
         .min_by(|a, b| a.1.total_cmp(&b.1))
-        .filter(|&(_, x)| x * (1.0 + KEEP_MODEL) < 1.0)
-        .map_or(0, |(c, _)| c);
-    let mean = (0..turns).map(|t| us[t * k + best]).sum::<f64>() / turns as f64;
-    Choice {
-        us: mean,
-        ..cands[best]
-    }
+        .filter(|&(_, x)| x * (1.0 + KEEP_PICK) < 1.0)
+        .map_or(reference, |(c, _)| c)
 }
 
 #[cfg(test)]
@@ -274,41 +381,81 @@ mod tests {
     }
 
     #[test]
-    fn decision_is_paired_by_turn_and_keeps_the_models_pick_unless_clearly_beaten() {
-        let c = cands();
-        // Near-equal in every turn: the model's pick stays.
-        let d = decide(&c, &[100.0, 98.0, 99.0, 200.0, 196.0, 198.0]);
-        assert_eq!((d.algorithm, d.us), (Algorithm::Ring, 150.0));
+    fn decision_is_paired_by_turn_and_keeps_the_pick_unless_clearly_beaten() {
+        // Near-equal in every turn: the reference stays.
+        assert_eq!(decide(&[100.0, 98.0, 99.0, 200.0, 196.0, 198.0], 3, 0), 0);
         // Tree 10% faster in every turn, though its times in a slow second
         // turn exceed everything in the first: paired, it wins.
-        let d = decide(
-            &c,
-            &[100.0, 90.0, 95.0, 300.0, 270.0, 290.0, 100.0, 90.0, 95.0],
-        );
-        assert_eq!((d.algorithm, d.us), (Algorithm::Tree, 150.0));
+        let us = [100.0, 90.0, 95.0, 300.0, 270.0, 290.0, 100.0, 90.0, 95.0];
+        assert_eq!(decide(&us, 3, 0), 1);
+        // Against the tree as the reference, the ring (10% slower) does not
+        // win it back, nor direct.
+        assert_eq!(decide(&us, 3, 1), 1);
+        // Direct as the reference loses to the tree (0.947 of its time in
+        // each turn), not to the ring (1.05).
+        assert_eq!(decide(&us, 3, 2), 1);
         // One turn where direct looks fast does not make it win: the median
         // of its ratios (1.2, 0.5, 1.2) is 1.2.
-        let d = decide(
-            &c,
-            &[100.0, 101.0, 120.0, 100.0, 101.0, 50.0, 100.0, 101.0, 120.0],
-        );
-        assert_eq!(d.algorithm, Algorithm::Ring);
+        let us = [100.0, 101.0, 120.0, 100.0, 101.0, 50.0, 100.0, 101.0, 120.0];
+        assert_eq!(decide(&us, 3, 0), 0);
         // Not a number (a time that went wrong) never wins.
-        let d = decide(
-            &c,
-            &[
-                f64::NAN,
-                f64::NAN,
-                80.0,
-                100.0,
-                90.0,
-                80.0,
-                100.0,
-                90.0,
-                80.0,
-            ],
+        let nan = f64::NAN;
+        let us = [nan, nan, 80.0, 100.0, 90.0, 80.0, 100.0, 90.0, 80.0];
+        assert_eq!(decide(&us, 3, 0), 2);
+    }
+
+    /// Runs `t`'s current stretch with candidate c taking `secs(c)` a call.
+    fn run_stretch(t: &mut Trials, secs: impl Fn(usize) -> f64) -> usize {
+        let mut n = 0;
+        loop {
+            let (c, _) = t.next();
+            let i = t.candidates().iter().position(|x| *x == c).unwrap();
+            n += 1;
+            if t.record(secs(i)) {
+                return n;
+            }
+        }
+    }
+
+    #[test]
+    fn reviews_take_one_turn_and_decide_on_the_last_turns() {
+        let bytes = 1 << 20;
+        let (lead, per) = trials(bytes);
+        let block = lead + per;
+        let mut t = Trials::new(cands(), bytes);
+        assert!(t.fresh() && t.decided().is_none());
+        // The first stretch: the ring fastest.
+        let ring_fast = |c: usize| [1.0, 2.0, 3.0][c];
+        assert_eq!(run_stretch(&mut t, ring_fast), (1 + TURNS * 3) * block);
+        let (d, turns, changed) = t.agreed(&t.means_us());
+        assert_eq!(
+            (d.algorithm, d.us, turns, changed),
+            (Algorithm::Ring, 1e6, TURNS, false)
         );
-        assert_eq!(d.algorithm, Algorithm::Direct);
+        assert_eq!(t.reviews(), 0);
+        // A review: one turn, no warm-up, starting where the rotation left
+        // off (turn TURNS starts with candidate TURNS mod 3).
+        assert!(t.fresh());
+        assert_eq!(t.next(), (cands()[TURNS % 3], false));
+        // The tree becomes fastest: one review turn is not enough to switch
+        // (median over the last TURNS turns), a second is.
+        let tree_fast = |c: usize| [2.0, 1.0, 3.0][c];
+        assert_eq!(run_stretch(&mut t, tree_fast), 3 * block);
+        let (d, turns, changed) = t.agreed(&t.means_us());
+        assert_eq!((d.algorithm, turns, changed), (Algorithm::Ring, 1, false));
+        run_stretch(&mut t, tree_fast);
+        let (d, _, changed) = t.agreed(&t.means_us());
+        assert_eq!(
+            (d.algorithm, d.us, changed),
+            (Algorithm::Tree, 4e6 / 3.0, true)
+        );
+        assert_eq!(t.reviews(), 2);
+        // Back and forth by 2%: the pick (now the tree) stays.
+        for _ in 0..TURNS {
+            run_stretch(&mut t, |c| [0.98, 1.0, 3.0][c]);
+            let (d, _, changed) = t.agreed(&t.means_us());
+            assert_eq!((d.algorithm, changed), (Algorithm::Tree, false));
+        }
     }
 
     #[test]
@@ -321,10 +468,7 @@ mod tests {
         assert_eq!(max_calls(64 << 20), (TURNS * MAX_CANDIDATES + 1) * 4);
         for bytes in [0, 8, 100 << 10, 1 << 20, 5 << 20, 1 << 30] {
             let mut t = Trials::new(cands(), bytes);
-            let mut n = 1;
-            while !t.record(1.0) {
-                n += 1;
-            }
+            let n = run_stretch(&mut t, |_| 1.0);
             let (lead, per) = trials(bytes);
             assert_eq!(n, (TURNS * 3 + 1) * (lead + per), "{bytes}");
             assert!(n <= max_calls(bytes));
