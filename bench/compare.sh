@@ -32,7 +32,9 @@
 # Columns: tutti's time per call (us) and every implementation's busbw in GB/s (nccl-tests
 # definition), medians over rounds; tutti/X is tutti's busbw divided by X's, computed from the
 # median times (above 1: tutti is faster); best MPI is the faster of Open MPI and MPICH at
-# that size. Benchmarks are noisy: repeat, and read small sizes as "within a factor of two".
+# that size. paired: within each round, the best MPI's time over tutti's in that round (the
+# runs follow each other), median over rounds: a slow stretch of the machine that lasts a
+# round (it can last minutes, and slow everybody 2-3x) counts against both sides alike. Benchmarks are noisy: repeat, and read small sizes as "within a factor of two".
 set -u
 set -o pipefail
 
@@ -90,6 +92,7 @@ print_table() {
       delete col
       for (i = 1; i <= NF; i++) col[$i] = i
       f = FILENAME; sub(/.*\//, "", f); impl = f; sub(/\..*/, "", impl)
+      rnd = f; sub(/^[^.]*\./, "", rnd); sub(/\..*/, "", rnd); rounds[rnd] = 1
       next
     }
     {
@@ -99,6 +102,7 @@ print_table() {
       s = $col["size_bytes"] + 0
       v[impl, s] = v[impl, s] " " $col["busbw_GBps"]
       tm[impl, s] = tm[impl, s] " " $col["time_us"]
+      tr[impl, s, rnd] = $col["time_us"]
       sizes[s] = 1
     }
     END {
@@ -108,7 +112,7 @@ print_table() {
       for (i = 2; i <= n; i++) printf " %10s", "tutti/" im[i]
       hasmpi = 0
       for (i = 2; i <= n; i++) if (im[i] == "openmpi" || im[i] == "mpich") hasmpi++
-      if (hasmpi) printf " %12s", "tutti/bestMPI"
+      if (hasmpi) printf " %12s %7s", "tutti/bestMPI", "paired"
       printf "\n"
       k = 0
       for (s in sizes) order[++k] = s + 0
@@ -126,6 +130,16 @@ print_table() {
           best = ""
           for (i = 2; i <= n; i++) if ((im[i] == "openmpi" || im[i] == "mpich") && mt[i] != "" && (best == "" || mt[i] + 0 < best + 0)) best = mt[i]
           printf " %12s", ratio(mt[1], best)
+          # Paired: within each round, the best MPI time of that round over the
+          # time of tutti (run just before it); the median over rounds.
+          pr = ""
+          for (r in rounds) {
+            if (!(("tutti", s, r) in tr)) continue
+            b = ""
+            for (i = 2; i <= n; i++) if ((im[i] == "openmpi" || im[i] == "mpich") && ((im[i], s, r) in tr) && (b == "" || tr[im[i], s, r] + 0 < b + 0)) b = tr[im[i], s, r]
+            if (b != "" && tr["tutti", s, r] + 0 > 0) pr = pr " " (b / tr["tutti", s, r])
+          }
+          printf " %7s", pr == "" ? "-" : sprintf("%.2f", median(pr))
         }
         printf "\n"
       }
