@@ -1,6 +1,7 @@
 //! Online tuning (`tune::online`): on the first calls of each call shape
 //! Auto tries the cost model's close candidates, then the ranks agree on
-//! the fastest. Every rank must try the same algorithm on the same call
+//! the fastest, and later review that decision (one more turn of the
+//! candidates). Every rank must try the same algorithm on the same call
 //! even where ranks call differently: one in place and another not, one
 //! whose repeated calls could skip the tuner (the engine's repeat path for
 //! mailbox calls) and one whose could not, asynchronous calls among
@@ -42,6 +43,31 @@ fn plans(c: &Communicator, count: usize) -> Vec<f64> {
         .collect()
 }
 
+/// Call `k` of an AllReduce of `send` into `recv`, made differently on each
+/// rank: rank 0 with the same buffers every time (its calls repeat), rank 1
+/// in place, out of place and asynchronously in turn, the others into
+/// fresh buffers.
+fn all_reduce_mixed(c: &Communicator, send: &[f32], recv: &mut Vec<f32>, k: usize) {
+    match (c.rank(), k % 4) {
+        (0, _) => c.all_reduce_into(send, recv, ReduceOp::Sum).unwrap(),
+        (1, 0 | 2) => {
+            recv.copy_from_slice(send);
+            c.all_reduce(recv, ReduceOp::Sum).unwrap();
+        }
+        (1, 1) => {
+            *recv = c
+                .all_reduce_async(send.to_vec(), ReduceOp::Sum)
+                .wait()
+                .unwrap();
+        }
+        _ => {
+            let mut fresh = vec![0f32; send.len()];
+            c.all_reduce_into(send, &mut fresh, ReduceOp::Sum).unwrap();
+            *recv = fresh;
+        }
+    }
+}
+
 /// Enough calls of each shape for online tuning to decide, made
 /// differently on each rank (see the module comment); returns how many
 /// shapes were still being tuned after their first call.
@@ -57,27 +83,7 @@ fn tune_calls(c: &Communicator) -> usize {
                 *x = val(r, i, k);
             }
             let want = |i: usize| (0..n).map(|q| val(q, i, k)).sum::<f32>();
-            match (r, k % 4) {
-                // Rank 0: the same buffers every time (its calls repeat).
-                (0, _) => c.all_reduce_into(&send, &mut recv, ReduceOp::Sum).unwrap(),
-                // Rank 1: in place, out of place, and asynchronous in turn.
-                (1, 0 | 2) => {
-                    recv.copy_from_slice(&send);
-                    c.all_reduce(&mut recv, ReduceOp::Sum).unwrap();
-                }
-                (1, 1) => {
-                    recv = c
-                        .all_reduce_async(send.clone(), ReduceOp::Sum)
-                        .wait()
-                        .unwrap();
-                }
-                // Others: fresh buffers.
-                _ => {
-                    let mut fresh = vec![0f32; count];
-                    c.all_reduce_into(&send, &mut fresh, ReduceOp::Sum).unwrap();
-                    recv = fresh;
-                }
-            }
+            all_reduce_mixed(c, &send, &mut recv, k);
             for (i, v) in recv.iter().enumerate() {
                 assert_eq!(*v, want(i), "count {count} call {k} rank {r} i {i}");
             }
@@ -115,17 +121,21 @@ fn tune_calls(c: &Communicator) -> usize {
     tuned
 }
 
+/// Checks that every rank has the same `mine`.
+fn same_everywhere(c: &Communicator, mine: &[f64]) {
+    let mut all = vec![0f64; mine.len() * c.size()];
+    c.all_gather(mine, &mut all).unwrap();
+    for (q, theirs) in all.chunks(mine.len()).enumerate() {
+        assert_eq!(theirs, mine, "rank {q} against rank {}", c.rank());
+    }
+}
+
 /// The calls above, then a check that every rank decided alike.
 fn agree(c: &Communicator) {
     let tuned = tune_calls(c);
     // At least one shape had candidates to try: online tuning ran.
     assert!(tuned > 0, "no shape was tuned");
-    let mine = plans(c, COUNTS[2]);
-    let mut all = vec![0f64; mine.len() * c.size()];
-    c.all_gather(&mine, &mut all).unwrap();
-    for (q, theirs) in all.chunks(mine.len()).enumerate() {
-        assert_eq!(theirs, &mine[..], "rank {q} against rank {}", c.rank());
-    }
+    same_everywhere(c, &plans(c, COUNTS[2]));
 }
 
 #[test]
@@ -193,24 +203,7 @@ fn review_calls(c: &Communicator) -> Vec<f64> {
         for (i, x) in send.iter_mut().enumerate() {
             *x = val(r, i, k);
         }
-        match (r, k % 3) {
-            (0, _) => c.all_reduce_into(&send, &mut recv, ReduceOp::Sum).unwrap(),
-            (1, 0) => {
-                recv.copy_from_slice(&send);
-                c.all_reduce(&mut recv, ReduceOp::Sum).unwrap();
-            }
-            (1, _) => {
-                recv = c
-                    .all_reduce_async(send.clone(), ReduceOp::Sum)
-                    .wait()
-                    .unwrap();
-            }
-            _ => {
-                let mut fresh = vec![0f32; count];
-                c.all_reduce_into(&send, &mut fresh, ReduceOp::Sum).unwrap();
-                recv = fresh;
-            }
-        }
+        all_reduce_mixed(c, &send, &mut recv, k);
         for (i, v) in recv.iter().enumerate() {
             let want = (0..n).map(|q| val(q, i, k)).sum::<f32>();
             assert_eq!(*v, want, "count {count} call {k} rank {r} i {i}");
@@ -233,12 +226,7 @@ fn review_calls(c: &Communicator) -> Vec<f64> {
 
 /// Reviews happen at the same call on every rank, with the same outcome.
 fn reviews_agree(c: &Communicator) {
-    let mine = review_calls(c);
-    let mut all = vec![0f64; mine.len() * c.size()];
-    c.all_gather(&mine, &mut all).unwrap();
-    for (q, theirs) in all.chunks(mine.len()).enumerate() {
-        assert_eq!(theirs, &mine[..], "rank {q} against rank {}", c.rank());
-    }
+    same_everywhere(c, &review_calls(c));
 }
 
 #[test]

@@ -269,6 +269,19 @@ impl Core {
         self.shapes.clear();
     }
 
+    /// The shape online tuning files calls of `p` (with this communicator's
+    /// hosts) and `dtype` under.
+    fn shape_key(&self, p: &Problem, dtype: DataType) -> ShapeKey {
+        (
+            Problem {
+                in_place: false,
+                hosts: self.tune.hosts(),
+                ..p.clone()
+            },
+            dtype,
+        )
+    }
+
     /// Online tuning's state for calls of `p` (with this communicator's
     /// hosts) and `dtype`: `None` before the first such call, and where it
     /// does not tune; `Err(())` while it tries candidates; its decision.
@@ -277,14 +290,7 @@ impl Core {
         p: &Problem,
         dtype: DataType,
     ) -> Option<std::result::Result<crate::tune::Choice, ()>> {
-        let key = (
-            Problem {
-                in_place: false,
-                hosts: self.tune.hosts(),
-                ..p.clone()
-            },
-            dtype,
-        );
+        let key = self.shape_key(p, dtype);
         match self.shapes.get(&key)? {
             Shape::Fixed(c) => Some(Ok(*c)),
             Shape::Tuned(t) => t.trials.decided().ok_or(()).into(),
@@ -294,14 +300,7 @@ impl Core {
     /// How many times online tuning has reviewed its decision for calls of
     /// `p` and `dtype` (0 where it does not tune them).
     pub(crate) fn online_reviews(&self, p: &Problem, dtype: DataType) -> usize {
-        let key = (
-            Problem {
-                in_place: false,
-                hosts: self.tune.hosts(),
-                ..p.clone()
-            },
-            dtype,
-        );
+        let key = self.shape_key(p, dtype);
         match self.shapes.get(&key) {
             Some(Shape::Tuned(t)) => t.trials.reviews(),
             _ => 0,
