@@ -148,10 +148,6 @@ pub(crate) struct Trials {
     lead: usize,
     /// Timed calls in a block.
     per: usize,
-    /// Whether the current stretch starts with a warm-up block (the first).
-    warm: bool,
-    /// Turns in the current stretch.
-    turns: usize,
     /// Turns in the stretches before (each turn starts one candidate on).
     turns_before: usize,
     /// Calls made in the current stretch.
@@ -179,8 +175,6 @@ impl Trials {
             cands,
             lead,
             per,
-            warm: true,
-            turns: TURNS,
             turns_before: 0,
             calls: 0,
             history: Vec::new(),
@@ -198,7 +192,7 @@ impl Trials {
     fn place(&self) -> (usize, usize, bool) {
         let k = self.cands.len();
         let block = self.lead + self.per;
-        let calls = if self.warm {
+        let calls = if self.first() {
             match self.calls.checked_sub(block) {
                 Some(c) => c,
                 None => return (0, 0, false),
@@ -218,6 +212,21 @@ impl Trials {
         (self.cands[c], timed)
     }
 
+    /// Whether the current stretch is the first (a warm-up block, then
+    /// [`TURNS`] turns), before any decision; later ones are reviews.
+    fn first(&self) -> bool {
+        self.pick.is_none()
+    }
+
+    /// Turns in the current stretch: [`TURNS`] in the first, one in a review.
+    fn turns(&self) -> usize {
+        if self.first() {
+            TURNS
+        } else {
+            1
+        }
+    }
+
     /// Whether the current stretch has not begun.
     pub(crate) fn fresh(&self) -> bool {
         self.calls == 0
@@ -233,7 +242,7 @@ impl Trials {
             self.secs[turn * self.cands.len() + c] += secs;
         }
         self.calls += 1;
-        let blocks = usize::from(self.warm) + self.turns * self.cands.len();
+        let blocks = usize::from(self.first()) + self.turns() * self.cands.len();
         self.calls == blocks * (self.lead + self.per)
     }
 
@@ -259,6 +268,7 @@ impl Trials {
     /// pick.
     pub(crate) fn agreed(&mut self, us: &[f64]) -> (Choice, usize, bool) {
         let k = self.cands.len();
+        let stretch = self.turns();
         self.history.extend_from_slice(us);
         let keep = TURNS * k;
         if self.history.len() > keep {
@@ -270,10 +280,7 @@ impl Trials {
         let mean = (0..turns).map(|t| self.history[t * k + best]).sum::<f64>() / turns as f64;
         self.pick = Some((best, mean));
         self.reviews += usize::from(before.is_some());
-        let stretch = self.turns;
         self.turns_before += stretch;
-        self.warm = false;
-        self.turns = 1;
         self.calls = 0;
         self.secs = vec![0.0; k];
         let changed = before.is_some_and(|b| b != best);
