@@ -71,6 +71,10 @@ pub struct Config {
     /// Whether the direct algorithm uses the one-shot mailboxes among ranks
     /// of one segment (small collectives; see `docs/algorithms.md`).
     pub mailbox: bool,
+    /// Whether shared-memory sends write the rings with non-temporal
+    /// stores; `None`: online tuning tries both where ranks have a core
+    /// each ([`tune::STREAM_MIN_BYTES`](crate::tune::STREAM_MIN_BYTES)).
+    pub shm_stream: Option<bool>,
     /// How long a waiting op polls before it sleeps; `None` picks automatically.
     pub spin: Option<Duration>,
     /// Network interface selection (NCCL syntax: `eth0`, `^lo`, `=eth0`).
@@ -114,6 +118,7 @@ impl Default for Config {
             ring_bytes: 512 << 10,
             direct_bytes: usize::MAX,
             mailbox: true,
+            shm_stream: None,
             spin: None,
             socket_ifname: None,
             host_id: None,
@@ -302,6 +307,15 @@ impl Config {
         }
         if let Some(v) = var("TUTTI_SHM_MAILBOX") {
             c.mailbox = flag("TUTTI_SHM_MAILBOX", &v)?;
+        }
+        if let Some(v) = var("TUTTI_SHM_STREAM") {
+            c.shm_stream = if v.trim().eq_ignore_ascii_case("auto") {
+                None
+            } else {
+                Some(flag("TUTTI_SHM_STREAM", &v).map_err(|_| {
+                    Error::Config(format!("TUTTI_SHM_STREAM={v:?}: use auto, 1 or 0"))
+                })?)
+            };
         }
         Ok(c)
     }

@@ -102,6 +102,7 @@ fn fuzz_cx() -> StepCx {
         op: ReduceOp::Sum,
         elem: 4,
         direct_bytes: usize::MAX,
+        stream: false,
         bounce: vec![0u8; 4096],
     }
 }

@@ -24,7 +24,8 @@ fn val(r: usize, i: usize, k: usize) -> f32 {
 const COUNTS: [usize; 4] = [2, 2048, 16 << 10, 96 << 10];
 
 /// What the ranks agree on after the calls: every shape's plan on every
-/// rank, as indices into `Algorithm::ALL`.
+/// rank, as twice its index into `Algorithm::ALL`, plus one where its
+/// shared-memory sends stream.
 fn plans(c: &Communicator, count: usize) -> Vec<f64> {
     let n = c.size();
     let mut shapes = vec![
@@ -37,8 +38,9 @@ fn plans(c: &Communicator, count: usize) -> Vec<f64> {
         .into_iter()
         .map(|(coll, k)| {
             assert!(!c.is_tuning(coll, k, DataType::F32), "{coll:?} {k}");
-            let a = c.plan(coll, k, DataType::F32).unwrap().algorithm;
-            Algorithm::ALL.iter().position(|&x| x == a).unwrap() as f64
+            let plan = c.plan(coll, k, DataType::F32).unwrap();
+            let a = Algorithm::ALL.iter().position(|&x| x == plan.algorithm);
+            (2 * a.unwrap() + usize::from(plan.stream)) as f64
         })
         .collect()
 }
@@ -150,6 +152,19 @@ fn online_tuning_agrees_shm_4() {
     common::procs(
         "online_tuning_agrees_shm_4",
         4,
+        Transport::Shm,
+        &[],
+        |c, _: &Ctx| agree(c),
+    );
+}
+
+/// Two processes, a core each: shapes of 16 KiB and more also try their
+/// pick with streaming ring stores (`tune::STREAM_MIN_BYTES`).
+#[test]
+fn online_tuning_agrees_shm_2() {
+    common::procs(
+        "online_tuning_agrees_shm_2",
+        2,
         Transport::Shm,
         &[],
         |c, _: &Ctx| agree(c),

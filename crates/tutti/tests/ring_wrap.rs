@@ -106,25 +106,42 @@ fn pieces_across_the_wrap() {
         2,
         Transport::Shm,
         &[("TUTTI_SHM_RING_BYTES", "64K")],
-        |c, _| {
-            let sizes = [
-                65536usize, 131072, 8192, 8200, 70000, 65520, 196608, 12, 100_004,
-            ];
-            exchange(c, &sizes);
-            for (k, &bytes) in sizes.iter().enumerate() {
-                let n = bytes / 4;
-                let input: Vec<f32> = (0..n)
-                    .map(|i| ((i * 3 + k + c.rank()) % 97) as f32)
-                    .collect();
-                let mut out = vec![0f32; n];
-                c.all_reduce_into(&input, &mut out, tutti::ReduceOp::Sum)
-                    .expect("all_reduce");
-                let want = |i: usize| ((i * 3 + k) % 97 + (i * 3 + k + 1) % 97) as f32;
-                assert!(
-                    out.iter().enumerate().all(|(i, &v)| v == want(i)),
-                    "all_reduce of {bytes} bytes arrived wrong"
-                );
-            }
-        },
+        pieces,
     );
+}
+
+/// The same with the rings written by non-temporal stores
+/// (`TUTTI_SHM_STREAM=1`), which must be fenced before each piece is
+/// published.
+#[test]
+fn pieces_across_the_wrap_streamed() {
+    procs(
+        "pieces_across_the_wrap_streamed",
+        2,
+        Transport::Shm,
+        &[("TUTTI_SHM_RING_BYTES", "64K"), ("TUTTI_SHM_STREAM", "1")],
+        pieces,
+    );
+}
+
+/// Messages of `pieces_across_the_wrap`, sent and all-reduced.
+fn pieces(c: &Communicator, _: &common::Ctx) {
+    let sizes = [
+        65536usize, 131072, 8192, 8200, 70000, 65520, 196608, 12, 100_004,
+    ];
+    exchange(c, &sizes);
+    for (k, &bytes) in sizes.iter().enumerate() {
+        let n = bytes / 4;
+        let input: Vec<f32> = (0..n)
+            .map(|i| ((i * 3 + k + c.rank()) % 97) as f32)
+            .collect();
+        let mut out = vec![0f32; n];
+        c.all_reduce_into(&input, &mut out, tutti::ReduceOp::Sum)
+            .expect("all_reduce");
+        let want = |i: usize| ((i * 3 + k) % 97 + (i * 3 + k + 1) % 97) as f32;
+        assert!(
+            out.iter().enumerate().all(|(i, &v)| v == want(i)),
+            "all_reduce of {bytes} bytes arrived wrong"
+        );
+    }
 }

@@ -443,11 +443,13 @@ fn measure<T: Val>(
     let picked = match (plan.algo, kind) {
         (None, k) if k != CollKind::SendRecv => {
             let c = comm.plan(bench::collective(kind, plan.root), count, T::DTYPE)?;
-            Some(if c.chunks > 1 {
-                format!("{}/{}", c.algorithm, c.chunks)
+            let chunks = if c.chunks > 1 {
+                format!("/{}", c.chunks)
             } else {
-                c.algorithm.to_string()
-            })
+                String::new()
+            };
+            let stream = if c.stream { "+stream" } else { "" };
+            Some(format!("{}{chunks}{stream}", c.algorithm))
         }
         _ => None,
     };

@@ -160,11 +160,11 @@ pub(crate) struct Core {
     scratch: Vec<u8>,
     bounce: Vec<u8>,
     pad: Scratchpad,
-    cache: HashMap<(Problem, Option<Algorithm>), (Algorithm, Arc<Schedule>)>,
+    cache: HashMap<(Problem, Option<Algorithm>), Planned>,
     /// What the tuner knows (set by the communicator after connecting).
     pub tune: crate::tune::TuneCtx,
-    /// The last call's problem, forced algorithm, schedule and algorithm.
-    last: Option<(Problem, Option<Algorithm>, Arc<Schedule>, Algorithm)>,
+    /// The last call's problem, forced algorithm and plan.
+    last: Option<(Problem, Option<Algorithm>, Planned)>,
     /// Online tuning's state per call shape ([`crate::tune::online`]).
     shapes: HashMap<ShapeKey, Shape>,
     /// One-shot mailboxes, when every peer shares this rank's segment.
@@ -458,35 +458,41 @@ impl Core {
         // Training loops repeat the same call: remember the last decision
         // (not a trial's: the next call of the shape tries another).
         let mut trial = None;
-        let (sched, alg) = match &self.last {
-            Some((p, a, s, alg)) if *a == c.algorithm && *p == problem => {
-                self.recorder.set_algorithm(alg.name());
-                (s.clone(), *alg)
+        let plan = match &self.last {
+            Some((p, a, plan)) if *a == c.algorithm && *p == problem => {
+                self.recorder.set_algorithm(plan.alg.name());
+                plan.clone()
             }
             _ => {
                 let key = (problem, c.algorithm);
-                let (alg, s) = match self.cache.get(&key) {
+                let plan = match self.cache.get(&key) {
                     // Forced, or a shape online tuning has decided: one
                     // lookup, as a loop over several shapes needs.
-                    Some((a, s)) => {
-                        self.recorder.set_algorithm(a.name());
-                        (*a, s.clone())
+                    Some(plan) => {
+                        self.recorder.set_algorithm(plan.alg.name());
+                        plan.clone()
                     }
                     None => {
-                        let forced;
-                        (forced, trial) = self.online_choice(&key.0, c, bytes)?;
-                        let (alg, s) = self.schedule_for(key.0.clone(), forced, c)?;
+                        let (forced, stream);
+                        (forced, stream, trial) = self.online_choice(&key.0, c, bytes)?;
+                        let (alg, sched) = self.schedule_for(key.0.clone(), forced, c)?;
+                        let plan = Planned {
+                            alg,
+                            sched,
+                            stream: self.config.shm_stream.unwrap_or(stream),
+                        };
                         if trial.is_none() && forced != c.algorithm {
                             // Decided online: remember it under the call's key.
-                            self.cache.insert(key.clone(), (alg, s.clone()));
+                            self.cache.insert(key.clone(), plan.clone());
                         }
-                        (alg, s)
+                        plan
                     }
                 };
-                self.last = trial.is_none().then(|| (key.0, key.1, s.clone(), alg));
-                (s, alg)
+                self.last = trial.is_none().then(|| (key.0, key.1, plan.clone()));
+                plan
             }
         };
+        let alg = plan.alg;
         let coll_seq = self.next_coll_seq(c.coll);
         let start = Instant::now();
         if alg == Algorithm::Direct
@@ -497,7 +503,7 @@ impl Core {
             self.oneshot_ran = true;
             self.run_oneshot(c, seq, op_tag(c), coll_seq, abort)?;
         } else {
-            self.run_schedule(c, seq, coll_seq, &sched, abort)?;
+            self.run_schedule(c, seq, coll_seq, &plan.sched, plan.stream, abort)?;
         }
         self.finish_avg(c)?;
         if let Some(key) = trial {
@@ -522,14 +528,14 @@ impl Core {
         problem: &Problem,
         c: &OpCall,
         bytes: usize,
-    ) -> Result<(Option<Algorithm>, Option<ShapeKey>)> {
+    ) -> Result<(Option<Algorithm>, bool, Option<ShapeKey>)> {
         if c.algorithm.is_some()
             || !self.config.online
             || c.vcounts.is_some()
             || c.coll.kind() == crate::algo::CollKind::SendRecv
             || self.nranks < 2
         {
-            return Ok((c.algorithm, None));
+            return Ok((c.algorithm, false, None));
         }
         let key = (
             Problem {
@@ -543,7 +549,7 @@ impl Core {
             // are being tuned (one that repeats a call skips the tuner), so
             // past the bound new shapes get the cost model's pick.
             if self.shapes.len() >= MAX_SHAPES {
-                return Ok((None, None));
+                return Ok((None, false, None));
             }
             let cands = crate::tune::candidates(&key.0, c.dtype, &self.config.algo, &self.tune)?;
             let shape = if cands.len() < 2 {
@@ -560,14 +566,15 @@ impl Core {
         }
         let colls = self.colls;
         Ok(match self.shapes.get_mut(&key).expect("inserted above") {
-            Shape::Fixed(d) => (Some(d.algorithm), None),
+            Shape::Fixed(d) => (Some(d.algorithm), d.stream, None),
             Shape::Tuned(t) => match (t.review_at, t.trials.decided()) {
-                (Some(_), Some(d)) => (Some(d.algorithm), None),
+                (Some(_), Some(d)) => (Some(d.algorithm), d.stream, None),
                 _ => {
                     if t.trials.fresh() {
                         t.stretch_from = colls;
                     }
-                    (Some(t.trials.next().0.algorithm), Some(key))
+                    let next = t.trials.next().0;
+                    (Some(next.algorithm), next.stream, Some(key))
                 }
             },
         })
@@ -643,10 +650,10 @@ impl Core {
                 .enumerate()
                 .map(|(c, x)| {
                     let per_turn: Vec<f64> = us.iter().skip(c).step_by(cands.len()).copied().collect();
-                    (x.algorithm.name(), per_turn)
+                    (plan_name(x), per_turn)
                 })
                 .collect::<Vec<_>>(),
-            picked = d.algorithm.name(),
+            picked = plan_name(&d),
             reviews,
             changed,
             "online tuning"
@@ -721,9 +728,9 @@ impl Core {
         c: &OpCall,
     ) -> Result<(Algorithm, Arc<Schedule>)> {
         let key = (problem, forced);
-        if let Some((a, s)) = self.cache.get(&key) {
-            self.recorder.set_algorithm(a.name());
-            return Ok((*a, s.clone()));
+        if let Some(plan) = self.cache.get(&key) {
+            self.recorder.set_algorithm(plan.alg.name());
+            return Ok((plan.alg, plan.sched.clone()));
         }
         let choice = crate::tune::select(&key.0, c.dtype, forced, &self.config.algo, &self.tune)?;
         let alg = choice.algorithm;
@@ -740,7 +747,14 @@ impl Core {
         if self.cache.len() > 512 {
             self.cache.clear();
         }
-        self.cache.insert(key, (alg, s.clone()));
+        self.cache.insert(
+            key,
+            Planned {
+                alg,
+                sched: s.clone(),
+                stream: self.config.shm_stream.unwrap_or(false),
+            },
+        );
         self.recorder.set_algorithm(alg.name());
         Ok((alg, s))
     }
@@ -751,6 +765,7 @@ impl Core {
         seq: u64,
         coll_seq: u32,
         sched: &Schedule,
+        stream: bool,
         abort: &AtomicBool,
     ) -> Result<()> {
         let esz = c.dtype.size();
@@ -782,6 +797,7 @@ impl Core {
             op,
             elem: esz,
             direct_bytes: self.config.direct_bytes,
+            stream,
             bounce: std::mem::take(&mut self.bounce),
         };
         let bell_ptr = self.bell().map(|b| b as *const Doorbell);
@@ -835,6 +851,25 @@ fn op_tag(c: &OpCall) -> u16 {
 /// A call shape as online tuning tells them apart: the problem priced out
 /// of place (whether a rank runs in place is its own affair), and the type.
 type ShapeKey = (Problem, DataType);
+
+/// A candidate's name in the debug log: its algorithm, `+stream` where its
+/// shared-memory sends stream.
+fn plan_name(c: &crate::tune::Choice) -> String {
+    format!(
+        "{}{}",
+        c.algorithm.name(),
+        if c.stream { "+stream" } else { "" }
+    )
+}
+
+/// How a call shape runs: its algorithm, the schedule built for it, and
+/// whether its shared-memory sends stream ([`crate::tune::Choice::stream`]).
+#[derive(Clone)]
+struct Planned {
+    alg: Algorithm,
+    sched: Arc<Schedule>,
+    stream: bool,
+}
 
 /// Online tuning's state for one call shape.
 enum Shape {

@@ -370,6 +370,9 @@ pub(crate) struct StepCx {
     pub elem: usize,
     /// Messages at least this long go direct (shm), when their bytes are all ready.
     pub direct_bytes: usize,
+    /// Shared-memory sends write the rings with non-temporal stores
+    /// ([`crate::tune::Choice::stream`]).
+    pub stream: bool,
     /// Bounce buffer for reductions of data that must first be copied in.
     pub bounce: Vec<u8>,
 }

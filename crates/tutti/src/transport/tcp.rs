@@ -1152,6 +1152,7 @@ mod tests {
             op: ReduceOp::Sum,
             elem: 1,
             direct_bytes: usize::MAX,
+            stream: false,
             bounce: vec![0; 4096],
         }
     }

@@ -138,6 +138,10 @@ pub struct TuneCtx {
     /// share cores, a sender that fills the ring waits for its receiver to
     /// run, so a message costs a hand-off per ring's worth of bytes.
     pub ring_bytes: usize,
+    /// Online tuning may try the pick with streaming ring stores
+    /// ([`Choice::stream`]): some ranks share a host's rings and
+    /// `TUTTI_SHM_STREAM` is `auto`.
+    pub stream_trials: bool,
 }
 
 impl TuneCtx {
@@ -163,6 +167,7 @@ impl TuneCtx {
             mailbox: n > 1,
             cpu_share: 1.0,
             ring_bytes: crate::Config::default().ring_bytes,
+            stream_trials: n > 1,
         }
     }
 
@@ -195,6 +200,10 @@ pub struct Choice {
     pub chunks: usize,
     /// Predicted time in microseconds (NaN when nothing priced it).
     pub us: f64,
+    /// Shared-memory sends write the rings with non-temporal stores
+    /// ([`STREAM_MIN_BYTES`]). The cost model never sets it: online tuning
+    /// tries it beside the model's pick ([`candidates`]).
+    pub stream: bool,
 }
 
 /// The cost model the simulation runs with: `ctx.model`, adjusted where
@@ -261,6 +270,7 @@ pub fn best_chunks(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> O
         algorithm: alg,
         chunks: 1,
         us: price(&q, elem, ctx, alg)?,
+        stream: false,
     };
     let bytes = p.count * elem;
     // The ring cuts its own pieces, to save memory traffic the model does
@@ -287,6 +297,7 @@ pub fn best_chunks(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> O
                     algorithm: alg,
                     chunks: k,
                     us: t,
+                    stream: false,
                 };
             }
         }
@@ -334,6 +345,7 @@ pub fn choose_with(p: &Problem, elem: usize, ctx: &TuneCtx) -> Choice {
             algorithm: choose(p, p.count * elem),
             chunks: 1,
             us: f64::NAN,
+            stream: false,
         },
         |i| v[i],
     )
@@ -371,7 +383,8 @@ pub(crate) fn select(
 /// What online tuning tries for `p` ([`online`]): [`select`]'s choice
 /// first, then, where the cost model chose (nothing forced), the other
 /// algorithms it prices within [`online::SPREAD`] of the cheapest, at most
-/// [`online::MAX_CANDIDATES`] in all, each with its best chunk count.
+/// [`online::MAX_CANDIDATES`] in all, each with its best chunk count; the
+/// pick's streaming twin second where [`STREAM_MIN_BYTES`] says.
 pub(crate) fn candidates(
     p: &Problem,
     dtype: crate::DataType,
@@ -381,11 +394,45 @@ pub(crate) fn candidates(
     let mut v = select_all(p, dtype, None, env, ctx)?;
     let cheapest = v.iter().map(|c| c.us).fold(f64::INFINITY, f64::min);
     let pick = v[0];
+    // One choice: forced (`TUTTI_ALGO`), which leaves the stores alone too.
+    let chose = v.len() > 1;
     let rest = v.drain(1..).filter(|c| c.us <= cheapest * online::SPREAD);
     let mut out = vec![pick];
-    out.extend(rest.take(online::MAX_CANDIDATES - 1));
+    if chose
+        && ctx.stream_trials
+        && ctx.cpu_share >= 1.0
+        && p.count * dtype.size() >= STREAM_MIN_BYTES
+    {
+        out.push(Choice {
+            stream: true,
+            ..pick
+        });
+    }
+    let room = online::MAX_CANDIDATES - out.len();
+    out.extend(rest.take(room));
     Ok(out)
 }
+
+/// Calls of at least this many bytes (count x element size) try their
+/// pick a second time with streaming ring stores ([`Choice::stream`]),
+/// where every rank has a core of its own and ranks share a host.
+///
+/// Why: a shared-memory ring is written by one core and read by another,
+/// so every line of it changes hands twice per lap (the reader's miss, and
+/// the writer's request for ownership of the line the reader still holds).
+/// Where the two cores are close (one L3) that costs little and the ring
+/// stays in the cache; where they are far apart (two sockets, or a guest's
+/// two CPUs placed on distant cores) each hand-off costs a long round trip
+/// and the writer's stores wait on them. Non-temporal stores skip the
+/// request for ownership and leave the line in memory, where the reader's
+/// prefetchers find it. Which wins depends on where the CPUs are now,
+/// which a guest cannot see and which changes while it runs, so it is
+/// measured, not priced. This machine (2 ranks, 1 MiB AllToAll): with the
+/// CPUs close, 59 us with cached stores against 138-161 us streaming; far
+/// apart (a cache-line round trip of 570 ns instead of 165), 177-205 us
+/// against 98-105 (docs/performance.md). Below this size the twin's
+/// trials cost more than either can win.
+pub const STREAM_MIN_BYTES: usize = 16 << 10;
 
 /// [`select`]'s choice first; where the cost model chose, the other
 /// algorithms it priced follow, cheapest first.
@@ -418,6 +465,7 @@ fn select_all(
             algorithm: a,
             chunks: 1,
             us: f64::NAN,
+            stream: false,
         })]
     };
     if let Some(a) = per_call {
@@ -492,6 +540,7 @@ mod tests {
             mailbox: false,
             cpu_share: 1.0,
             ring_bytes: 512 << 10,
+            stream_trials: l > 1,
         }
     }
 
@@ -746,6 +795,49 @@ mod tests {
         ctx.model.mailbox_us = 3.0;
         ctx.cpu_share = 0.5;
         ctx
+    }
+
+    /// Online tuning tries the pick a second time with streaming ring
+    /// stores where ranks have a core each, share a host's rings, and the
+    /// call has at least STREAM_MIN_BYTES; never where the algorithm is
+    /// forced.
+    #[test]
+    fn the_pick_has_a_streaming_twin_where_it_may_pay() {
+        let f32s = crate::DataType::F32;
+        let free = AlgoOverride::default();
+        let twins = |ctx: &TuneCtx, count: usize, env: &AlgoOverride| {
+            let p = Problem::new(Collective::AllToAll, ctx.host_of.len(), 0, count);
+            let c = candidates(&p, f32s, env, ctx).unwrap();
+            assert!(c.len() <= online::MAX_CANDIDATES, "{c:?}");
+            assert!(!c[0].stream, "{c:?}");
+            c.iter().filter(|x| x.stream).count()
+        };
+        let own = TuneCtx::single_host(2);
+        let big = STREAM_MIN_BYTES / 4;
+        assert_eq!(twins(&own, big, &free), 1);
+        let c = candidates(
+            &Problem::new(Collective::AllToAll, 2, 0, big),
+            f32s,
+            &free,
+            &own,
+        )
+        .unwrap();
+        assert_eq!(
+            c[1],
+            Choice {
+                stream: true,
+                ..c[0]
+            }
+        );
+        assert_eq!(twins(&own, big - 1, &free), 0);
+        assert_eq!(twins(&shared_ctx(), big * 4, &free), 0);
+        let no_rings = TuneCtx {
+            stream_trials: false,
+            ..own.clone()
+        };
+        assert_eq!(twins(&no_rings, big, &free), 0);
+        let forced = AlgoOverride::parse("pairwise").unwrap();
+        assert_eq!(twins(&own, big, &forced), 0);
     }
 
     /// Whether a rank runs in place is its own affair: the choice (and the

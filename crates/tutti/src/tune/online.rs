@@ -345,6 +345,7 @@ mod tests {
                 algorithm,
                 chunks: 1,
                 us: 1.0,
+                stream: false,
             })
             .collect()
     }
