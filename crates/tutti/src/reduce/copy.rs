@@ -63,8 +63,11 @@ pub unsafe fn copy(src: *const u8, dst: *mut u8, n: usize) {
 /// destinations do not fit in the caches anyway, and a store that does not
 /// first read the line it writes saves a third of the memory traffic. 2
 /// ranks, 64 MiB AllGather, 6 alternations: 3.3-3.7 GB/s busbw against
-/// 1.8-2.8 with ordinary stores (docs/performance.md).
-pub const STREAM_MIN: usize = 8 << 20;
+/// 1.8-2.8 with ordinary stores (docs/performance.md). From 4 MiB rather
+/// than 8: 2 ranks, calls of 8 MiB (messages of 4 MiB), 6 alternations,
+/// AllToAll 1303-2255 us against 1999-2453, AllGather 1186-1658 against
+/// 1445-2146, in every pair.
+pub const STREAM_MIN: usize = 4 << 20;
 
 /// Copies `n` bytes from `src` to `dst` with non-temporal stores where the
 /// CPU has them: the destination's lines are not read first and do not stay
