@@ -428,10 +428,13 @@ pub(crate) fn candidates(
 /// prefetchers find it. Which wins depends on where the CPUs are now,
 /// which a guest cannot see and which changes while it runs, so it is
 /// measured, not priced. This machine (2 ranks, 1 MiB AllToAll): with the
-/// CPUs close, 59 us with cached stores against 138-161 us streaming; far
-/// apart (a cache-line round trip of 570 ns instead of 165), 177-205 us
-/// against 98-105 (docs/performance.md). Below this size the twin's
-/// trials cost more than either can win.
+/// CPUs close, 51-61 us with cached stores against 137-161 us streaming;
+/// far apart (a cache-line round trip of 570 ns instead of 165), 177-205
+/// us against 98-105 (docs/performance.md). At 16 KiB streaming still
+/// won far apart (Broadcast 1.9-2.2 us against 3.3-3.5); smaller calls
+/// were not measured, and their trials already run many calls. Not where ranks share cores: 4
+/// ranks on 2 cores, streaming took 0.80-1.23x the cached time far apart
+/// and 1.1-2.5x close (docs/algorithms.md).
 pub const STREAM_MIN_BYTES: usize = 16 << 10;
 
 /// [`select`]'s choice first; where the cost model chose, the other
