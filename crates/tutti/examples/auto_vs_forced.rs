@@ -19,7 +19,9 @@
 //! decided (`TUTTI_TUNE=model` compares the cost model's pick instead;
 //! `TUTTI_TUNE=once`, the first decision without reviews); the ratios
 //! against the pick are against that first decision, and `auto picks`
-//! shows `first>last` where a review changed it during the rounds.
+//! shows `first>last` where a review changed it during the rounds, and
+//! a `+` after a pick whose shared-memory sends stream (forced algorithms
+//! run with cached ring stores, so `auto/pick` then also measures that).
 //!
 //! Environment: `AVF_COLL` (all_reduce, broadcast, reduce, all_gather,
 //! reduce_scatter; default all_reduce), `AVF_MIN`/`AVF_MAX` (bytes, default
@@ -189,16 +191,21 @@ fn main() -> tutti::Result<()> {
             let (bi, auto_best) = over_best(0);
             let med: Vec<f64> = t.iter().map(|v| median(&mut v.clone())).collect();
             let name = |c: &tutti::tune::Choice| {
-                if c.chunks > 1 {
-                    format!("{}/{}", c.algorithm, c.chunks)
+                let chunks = if c.chunks > 1 {
+                    format!("/{}", c.chunks)
                 } else {
-                    c.algorithm.to_string()
-                }
+                    String::new()
+                };
+                // "+": the pick's shared-memory sends stream (Choice::stream).
+                let stream = if c.stream { "+" } else { "" };
+                format!("{}{chunks}{stream}", c.algorithm)
             };
             // Where a review changed Auto's pick during the rounds: the
             // pick before and after.
             let mut picks = name(&pick);
-            if last.algorithm != pick.algorithm || last.chunks != pick.chunks {
+            if (last.algorithm, last.chunks, last.stream)
+                != (pick.algorithm, pick.chunks, pick.stream)
+            {
                 picks = format!("{picks}>{}", name(&last));
             }
             print!("{:>10} {:>18} {:>9.2}", bytes, picks, med[0]);
