@@ -383,8 +383,9 @@ pub(crate) fn select(
 /// What online tuning tries for `p` ([`online`]): [`select`]'s choice
 /// first, then, where the cost model chose (nothing forced), the other
 /// algorithms it prices within [`online::SPREAD`] of the cheapest, at most
-/// [`online::MAX_CANDIDATES`] in all, each with its best chunk count; the
-/// pick's streaming twin second where [`STREAM_MIN_BYTES`] says.
+/// [`online::MAX_CANDIDATES`] in all, each with its best chunk count; and,
+/// on top of those, the pick's streaming twin second where
+/// [`STREAM_MIN_BYTES`] says.
 pub(crate) fn candidates(
     p: &Problem,
     dtype: crate::DataType,
@@ -398,18 +399,20 @@ pub(crate) fn candidates(
     let chose = v.len() > 1;
     let rest = v.drain(1..).filter(|c| c.us <= cheapest * online::SPREAD);
     let mut out = vec![pick];
+    out.extend(rest.take(online::MAX_CANDIDATES - 1));
     if chose
         && ctx.stream_trials
         && ctx.cpu_share >= 1.0
         && p.count * dtype.size() >= STREAM_MIN_BYTES
     {
-        out.push(Choice {
-            stream: true,
-            ..pick
-        });
+        out.insert(
+            1,
+            Choice {
+                stream: true,
+                ..pick
+            },
+        );
     }
-    let room = online::MAX_CANDIDATES - out.len();
-    out.extend(rest.take(room));
     Ok(out)
 }
 
@@ -807,11 +810,23 @@ mod tests {
     #[test]
     fn the_pick_has_a_streaming_twin_where_it_may_pay() {
         let f32s = crate::DataType::F32;
+        fn no_twin(ctx: &TuneCtx) -> TuneCtx {
+            TuneCtx {
+                stream_trials: false,
+                ..ctx.clone()
+            }
+        }
         let free = AlgoOverride::default();
         let twins = |ctx: &TuneCtx, count: usize, env: &AlgoOverride| {
             let p = Problem::new(Collective::AllToAll, ctx.host_of.len(), 0, count);
             let c = candidates(&p, f32s, env, ctx).unwrap();
-            assert!(c.len() <= online::MAX_CANDIDATES, "{c:?}");
+            assert!(c.len() <= online::MAX_CANDIDATES + 1, "{c:?}");
+            // The twin comes on top: no algorithm is left out for it.
+            let algorithms = c.iter().filter(|x| !x.stream).count();
+            assert_eq!(
+                algorithms,
+                candidates(&p, f32s, env, &no_twin(ctx)).unwrap().len()
+            );
             assert!(!c[0].stream, "{c:?}");
             c.iter().filter(|x| x.stream).count()
         };
@@ -834,11 +849,7 @@ mod tests {
         );
         assert_eq!(twins(&own, big - 1, &free), 0);
         assert_eq!(twins(&shared_ctx(), big * 4, &free), 0);
-        let no_rings = TuneCtx {
-            stream_trials: false,
-            ..own.clone()
-        };
-        assert_eq!(twins(&no_rings, big, &free), 0);
+        assert_eq!(twins(&no_twin(&own), big, &free), 0);
         let forced = AlgoOverride::parse("pairwise").unwrap();
         assert_eq!(twins(&own, big, &forced), 0);
     }

@@ -13,7 +13,9 @@
 //! element type; not the buffers, nor whether a rank runs in place), the
 //! engine asks the tuner for candidates (`tune::candidates`): the model's
 //! pick first, then the others priced within [`SPREAD`] of the cheapest, at
-//! most [`MAX_CANDIDATES`]. With one candidate there is nothing to try.
+//! most [`MAX_CANDIDATES`], and where ranks have a core each the pick with
+//! streaming ring stores as well. With one candidate there is nothing to
+//! try.
 //! Otherwise the candidates take turns, [`TURNS`] times, turn t starting
 //! with candidate t (the model's pick first in the first); in its turn a
 //! candidate runs a block of calls in a row, with (l, t) = [`trials`] for
@@ -86,8 +88,10 @@ use super::Choice;
 /// Candidates priced within this factor of the cheapest are tried.
 pub const SPREAD: f64 = 2.0;
 
-/// At most this many candidates per shape (the model's pick included).
-pub const MAX_CANDIDATES: usize = 4;
+/// At most this many algorithms per shape (the model's pick included);
+/// the pick's streaming twin ([`crate::tune::STREAM_MIN_BYTES`]) may come
+/// on top.
+pub const MAX_CANDIDATES: usize = 5;
 
 /// Each candidate's timed calls move about this many bytes in all (at
 /// least [`MIN_TRIALS`] calls a turn, at most [`MAX_TRIALS`]): small calls
@@ -135,7 +139,7 @@ pub fn trials(bytes: usize) -> (usize, usize) {
 /// decision: after this many, Auto runs its pick (until a review).
 pub fn max_calls(bytes: usize) -> usize {
     let (lead, timed) = trials(bytes);
-    (TURNS * MAX_CANDIDATES + 1) * (lead + timed)
+    (TURNS * (MAX_CANDIDATES + 1) + 1) * (lead + timed)
 }
 
 /// A shape's trials: the first stretch (a warm-up block, then [`TURNS`]
@@ -473,7 +477,7 @@ mod tests {
         assert_eq!(trials(8), (22, 85));
         assert_eq!(trials(64 << 10), (22, 85));
         assert_eq!(trials(6 << 20), (1, 3));
-        assert_eq!(max_calls(64 << 20), (TURNS * MAX_CANDIDATES + 1) * 4);
+        assert_eq!(max_calls(64 << 20), (TURNS * (MAX_CANDIDATES + 1) + 1) * 4);
         for bytes in [0, 8, 100 << 10, 1 << 20, 5 << 20, 1 << 30] {
             let mut t = Trials::new(cands(), bytes);
             let n = run_stretch(&mut t, |_| 1.0);
