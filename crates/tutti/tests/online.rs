@@ -197,10 +197,12 @@ fn tuned_count(c: &Communicator) -> usize {
 
 /// Calls of `count` elements by which online tuning has reviewed its
 /// decision twice: the first decision, 16 turns' span, a review, 32 turns'
-/// span, a review (4 candidates at most), twice over.
+/// span, a review (`MAX_CANDIDATES` algorithms and the streaming twin at
+/// most), twice over.
 fn review_bound(count: usize) -> usize {
-    let (lead, per) = tutti::tune::online::trials(count * 4);
-    2 * (lead + per) * (1 + 4 * (3 + 1 + 16 + 1 + 32))
+    use tutti::tune::online::{trials, MAX_CANDIDATES};
+    let (lead, per) = trials(count * 4);
+    2 * (lead + per) * (1 + (MAX_CANDIDATES + 1) * (3 + 1 + 16 + 1 + 32))
 }
 
 /// Calls of one tuned AllReduce shape, made differently on each rank as in
