@@ -202,7 +202,7 @@ pub struct Choice {
     pub us: f64,
     /// Shared-memory sends write the rings with non-temporal stores
     /// ([`STREAM_MIN_BYTES`]). The cost model never sets it: online tuning
-    /// tries it beside the model's pick ([`candidates`]).
+    /// tries it beside the model's pick ([`online`]).
     pub stream: bool,
 }
 
