@@ -457,6 +457,7 @@ env_case!(env_bad_settings, &[], || {
         ("TUTTI_SHM_RING_BYTES", "3000"),
         ("TUTTI_TCP_CONGESTION", "cubic; rm"),
         ("TUTTI_TUNE", "fast"),
+        ("TUTTI_SHM_STREAM", "maybe"),
     ] {
         std::env::set_var(k, v);
         config_err(tutti::Config::from_env(), &[k]);
