@@ -112,12 +112,6 @@ pub(crate) fn cpu_share(topo: &Topology) -> f64 {
         .fold(1.0, f64::min)
 }
 
-/// True if some two ranks are on one host.
-fn shares_host(host_of: &[usize]) -> bool {
-    let mut seen = std::collections::HashSet::new();
-    host_of.iter().any(|h| !seen.insert(h))
-}
-
 /// The tuner's view of a communicator.
 pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate::tune::TuneCtx {
     crate::tune::TuneCtx {
@@ -134,7 +128,7 @@ pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate
         ring_bytes: config.ring_bytes,
         stream_trials: config.shm_stream.is_none()
             && config.transport != crate::config::TransportChoice::Tcp
-            && (threads || shares_host(&topo.host_of)),
+            && (threads || topo.hosts.iter().any(|h| h.ranks.len() > 1)),
     }
 }
 

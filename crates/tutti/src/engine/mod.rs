@@ -476,11 +476,7 @@ impl Core {
                         let (forced, stream);
                         (forced, stream, trial) = self.online_choice(&key.0, c, bytes)?;
                         let (alg, sched) = self.schedule_for(key.0.clone(), forced, c)?;
-                        let plan = Planned {
-                            alg,
-                            sched,
-                            stream: self.config.shm_stream.unwrap_or(stream),
-                        };
+                        let plan = Planned { alg, sched, stream };
                         if trial.is_none() && forced != c.algorithm {
                             // Decided online: remember it under the call's key.
                             self.cache.insert(key.clone(), plan.clone());
@@ -752,7 +748,7 @@ impl Core {
             Planned {
                 alg,
                 sched: s.clone(),
-                stream: self.config.shm_stream.unwrap_or(false),
+                stream: false,
             },
         );
         self.recorder.set_algorithm(alg.name());
@@ -797,7 +793,8 @@ impl Core {
             op,
             elem: esz,
             direct_bytes: self.config.direct_bytes,
-            stream,
+            // TUTTI_SHM_STREAM=0|1 overrides what the plan says.
+            stream: self.config.shm_stream.unwrap_or(stream),
             bounce: std::mem::take(&mut self.bounce),
         };
         let bell_ptr = self.bell().map(|b| b as *const Doorbell);
@@ -863,7 +860,9 @@ fn plan_name(c: &crate::tune::Choice) -> String {
 }
 
 /// How a call shape runs: its algorithm, the schedule built for it, and
-/// whether its shared-memory sends stream ([`crate::tune::Choice::stream`]).
+/// whether online tuning chose streaming ring stores for it
+/// ([`crate::tune::Choice::stream`]; `TUTTI_SHM_STREAM=0|1` overrides it
+/// where the call runs, in `run_schedule`).
 #[derive(Clone)]
 struct Planned {
     alg: Algorithm,

@@ -488,19 +488,17 @@ impl RingLink {
                     ctl.head.store(h, Ordering::Release);
                     published = h;
                 }
+                // The streaming copy ends with a store fence: its bytes are
+                // visible before the Release store of `head` publishes them.
+                let copy: unsafe fn(*const u8, *mut u8, usize) = if cx.stream {
+                    crate::reduce::copy::copy_stream
+                } else {
+                    crate::reduce::copy::copy
+                };
                 // SAFETY: [off, off+k) lies inside the ring and is free space
                 // owned by the writer; m.ptr+sent..+k lies in the caller's
-                // buffer, whose first `avail` bytes are ready to read. The
-                // streaming copy ends with a store fence, so its bytes are
-                // visible before the Release store of `head` that publishes
-                // them.
-                unsafe {
-                    if cx.stream {
-                        crate::reduce::copy::copy_stream(m.ptr.add(m.sent), data.add(off), k)
-                    } else {
-                        crate::reduce::copy::copy(m.ptr.add(m.sent), data.add(off), k)
-                    }
-                };
+                // buffer, whose first `avail` bytes are ready to read.
+                unsafe { copy(m.ptr.add(m.sent), data.add(off), k) };
                 m.sent += k;
                 h += k as u64;
                 continue;
