@@ -124,6 +124,36 @@ fn pieces_across_the_wrap_streamed() {
     );
 }
 
+/// AllToAll whose buffers hold over 8 MiB a rank, so that its received
+/// messages of about 2 MiB are written with non-temporal stores
+/// (`tutti::reduce::copy::STREAM_FOOTPRINT`), through a 64 KiB ring whose
+/// wrap point the pieces cross; then a call just under the footprint.
+#[test]
+fn received_messages_streamed_by_footprint() {
+    procs(
+        "received_messages_streamed_by_footprint",
+        2,
+        Transport::Shm,
+        &[("TUTTI_SHM_RING_BYTES", "64K"), ("TUTTI_SHM_STREAM", "0")],
+        |c: &Communicator, _: &common::Ctx| {
+            let foot = tutti::reduce::copy::STREAM_FOOTPRINT;
+            // Per rank: send + receive buffers of `per` f32 each; the first
+            // call is over the footprint, the second under it.
+            for per in [foot / 8 + 6, foot / 8 - 2] {
+                let send: Vec<f32> = (0..per).map(|i| (i * 5 + c.rank() * 7919) as f32).collect();
+                let mut recv = vec![0f32; per];
+                c.all_to_all(&send, &mut recv).expect("all_to_all");
+                let block = per / 2;
+                let ok = recv.iter().enumerate().all(|(i, &v)| {
+                    let (src, j) = (i / block, i % block);
+                    v == ((c.rank() * block + j) * 5 + src * 7919) as f32
+                });
+                assert!(ok, "all_to_all of {per} f32 a rank arrived wrong");
+            }
+        },
+    );
+}
+
 /// Messages of `pieces_across_the_wrap`, sent and all-reduced.
 fn pieces(c: &Communicator, _: &common::Ctx) {
     let sizes = [

@@ -800,6 +800,11 @@ pub struct Schedule {
     pub deps: Vec<Vec<u32>>,
     /// Scratch elements the executor must provide.
     pub scratch: usize,
+    /// For each step, whether a later step of this rank reads what it
+    /// writes (a receive whose bytes are forwarded or reduced again): the
+    /// executor keeps such bytes in the cache rather than stream them to
+    /// memory.
+    pub read_back: Vec<bool>,
 }
 
 impl Schedule {
@@ -813,10 +818,12 @@ impl Schedule {
             .max()
             .unwrap_or(0);
         let deps = dependencies(&steps, p.in_place);
+        let read_back = read_back(&steps, p.in_place);
         Schedule {
             steps,
             deps,
             scratch,
+            read_back,
         }
     }
 
@@ -877,6 +884,18 @@ fn dependencies(steps: &[Step], in_place: bool) -> Vec<Vec<u32>> {
         deps.push(d);
     }
     deps
+}
+
+/// For each step, whether a later step reads a range it writes (fences
+/// do not matter here: the bytes are read again either way).
+fn read_back(steps: &[Step], in_place: bool) -> Vec<bool> {
+    let rw: Vec<_> = steps.iter().map(|s| (s.reads(), s.writes())).collect();
+    (0..steps.len())
+        .map(|j| {
+            let wj = &rw[j].1;
+            !wj.is_empty() && rw[j + 1..].iter().any(|(ri, _)| overlaps(ri, wj, in_place))
+        })
+        .collect()
 }
 
 /// Splits `count` elements into `parts` nearly equal blocks: the first

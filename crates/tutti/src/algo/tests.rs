@@ -93,3 +93,34 @@ fn rejects_bad_levels() {
     let msg = e("bogus");
     assert!(msg.contains("hierarchical(intra=A,inter=B)"), "{msg}");
 }
+
+/// `Schedule::read_back` marks the receives whose bytes a later step sends
+/// on (the executor keeps those in the cache) and no others.
+#[test]
+fn read_back_marks_forwarded_receives() {
+    let recvs = |s: &Schedule| -> Vec<bool> {
+        s.steps
+            .iter()
+            .zip(&s.read_back)
+            .filter(|(st, _)| matches!(st, Step::Recv { .. }))
+            .map(|(_, &r)| r)
+            .collect()
+    };
+    // Direct AllToAll: every received block is final.
+    let p = Problem::new(Collective::AllToAll, 4, 1, 4 * 1000);
+    let s = Algorithm::Direct.build(&p).unwrap();
+    let r = recvs(&s);
+    assert_eq!(r.len(), 3);
+    assert!(r.iter().all(|&x| !x), "{r:?}");
+    // Recursive doubling AllGather, 4 ranks: the first exchange's block is
+    // sent on in the second, whose block is final.
+    let p = Problem::new(Collective::AllGather, 4, 0, 1000);
+    let s = Algorithm::HalvingDoubling.build(&p).unwrap();
+    assert_eq!(recvs(&s), vec![true, false]);
+    // A step that writes nothing is never read back.
+    assert!(s
+        .steps
+        .iter()
+        .zip(&s.read_back)
+        .all(|(st, &r)| !r || !st.writes().is_empty()));
+}

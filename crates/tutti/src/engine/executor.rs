@@ -29,6 +29,18 @@ pub(crate) struct Buffers {
     pub scratch_len: usize,
 }
 
+impl Buffers {
+    /// Bytes of the call's own buffers (input and output, once where they
+    /// are one; not the scratch).
+    pub(crate) fn footprint(&self) -> usize {
+        if self.input == self.output {
+            self.input_len.max(self.output_len)
+        } else {
+            self.input_len + self.output_len
+        }
+    }
+}
+
 /// Everything the executor needs besides the schedule and buffers.
 pub(crate) struct Env<'a> {
     pub links: &'a mut [Option<Link>],
@@ -297,7 +309,11 @@ fn start_ready(
                 st.send = Some(SendMsg::new(p, len * esz, len * esz));
             }
             Step::Recv { dst, len, .. } => {
-                st.recv = Some(RecvMsg::new(resolve(b, dst, len, esz)?, None, len * esz));
+                let mut m = RecvMsg::new(resolve(b, dst, len, esz)?, None, len * esz);
+                // Bytes this rank sends or reduces again stay in the cache.
+                m.stream =
+                    !sched.read_back[i] && reduce::copy::stream_received(len * esz, b.footprint());
+                st.recv = Some(m);
             }
             Step::RecvReduce { src, dst, len, .. } => {
                 let s = resolve(b, src, len, esz)?;

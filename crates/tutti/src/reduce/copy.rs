@@ -18,7 +18,9 @@
 //! vector loop with non-temporal stores for long ones).
 //!
 //! From [`STREAM_MIN`] on, and for every piece of a received message that
-//! long, the loop's stores are non-temporal ([`copy_stream`]).
+//! long (or of one from 1 MiB in a call whose buffers outgrow the cache,
+//! [`stream_received`]), the loop's stores are non-temporal
+//! ([`copy_stream`]).
 //!
 //! ```text
 //!  bytes:   0 ... 2 KiB ............... 1 MiB ........ 8 MiB ..........
@@ -68,6 +70,28 @@ pub unsafe fn copy(src: *const u8, dst: *mut u8, n: usize) {
 /// AllToAll 1303-2255 us against 1999-2453, AllGather 1186-1658 against
 /// 1445-2146, in every pair.
 pub const STREAM_MIN: usize = 4 << 20;
+
+/// Received messages of at least [`STREAM_FOOTPRINT_MSG`] bytes are also
+/// written with non-temporal stores when the call's buffers on this rank
+/// (input and output, counted once where they are one) hold at least this
+/// many bytes: then the ranks sharing a last-level cache (16 MiB here, for
+/// 2 ranks) do not fit in it, whatever the size of each message. AllToAll
+/// of 4 MiB (2 ranks, messages of 2 MiB, 8 MiB of buffers per rank) took
+/// 387-397 us a call with streaming against 456-474 without, Open MPI
+/// 390-454 in the same rounds; AllGather of 4 MiB (6 MiB of buffers) was
+/// slower with its 2 MiB messages streamed, 568-607 us against 397-419.
+pub const STREAM_FOOTPRINT: usize = 8 << 20;
+
+/// The smallest received message that [`STREAM_FOOTPRINT`] streams.
+pub const STREAM_FOOTPRINT_MSG: usize = 1 << 20;
+
+/// Whether a received message of `len` bytes, of a call whose buffers on
+/// this rank hold `footprint` bytes, is written with non-temporal stores
+/// (where nothing reads it again at once): [`STREAM_MIN`] and
+/// [`STREAM_FOOTPRINT`].
+pub fn stream_received(len: usize, footprint: usize) -> bool {
+    len >= STREAM_MIN || (len >= STREAM_FOOTPRINT_MSG && footprint >= STREAM_FOOTPRINT)
+}
 
 /// Copies `n` bytes from `src` to `dst` with non-temporal stores where the
 /// CPU has them: the destination's lines are not read first and do not stay
@@ -236,6 +260,17 @@ mod tests {
         (0..n)
             .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
             .collect()
+    }
+
+    /// A received message streams when it is long, or when its call's
+    /// buffers outgrow the cache and it is not short.
+    #[test]
+    fn which_received_messages_stream() {
+        assert!(stream_received(STREAM_MIN, 0));
+        assert!(!stream_received(STREAM_MIN - 1, 0));
+        assert!(stream_received(STREAM_FOOTPRINT_MSG, STREAM_FOOTPRINT));
+        assert!(!stream_received(STREAM_FOOTPRINT_MSG - 1, usize::MAX));
+        assert!(!stream_received(STREAM_FOOTPRINT_MSG, STREAM_FOOTPRINT - 1));
     }
 
     /// Every length around the loops' boundaries and every alignment of both

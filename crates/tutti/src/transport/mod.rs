@@ -290,8 +290,11 @@ pub(crate) struct RecvMsg {
     pub header_seen: bool,
     pub done: bool,
     /// Whether copies into `dst` use non-temporal stores: by default for
-    /// messages of [`reduce::copy::STREAM_MIN`] bytes or more; off where
-    /// this rank reads the bytes again at once (a step that forwards them).
+    /// messages of [`reduce::copy::STREAM_MIN`] bytes or more; the executor
+    /// also streams plain receives of calls whose buffers outgrow the cache
+    /// ([`reduce::copy::stream_received`]), and keeps in the cache what this
+    /// rank reads again (a step that forwards the bytes, or a later one
+    /// that sends or reduces them: [`crate::algo::Schedule::read_back`]).
     pub stream: bool,
 }
 
