@@ -166,18 +166,24 @@ impl Core {
                     if me == root {
                         mb.publish(s, input, 0, w)?;
                         red.all(mb, w, output, input, 0)?;
+                        for q in (0..n).filter(|&q| q != me) {
+                            mb.prefetch_peer_next(q, 0, b);
+                        }
                     } else {
                         mb.publish(s, input, b, w)?;
+                        mb.prefetch_own_next(b);
                     }
                 }
                 Collective::Broadcast { root } => {
                     // The engine has put the root's data in its output.
                     if me == root {
                         mb.publish(s, output, b, w)?;
+                        mb.prefetch_own_next(b);
                     } else {
                         mb.publish(s, input, 0, w)?;
                         let p = mb.receive(root, s, w)?;
                         crate::reduce::copy::copy(p, output, b);
+                        mb.prefetch_peer_next(root, 0, b);
                     }
                 }
                 Collective::AllGather => {
@@ -207,18 +213,24 @@ impl Core {
                             let p = mb.receive(q, s, w)?;
                             crate::reduce::copy::copy(p, output.add(q * b), b);
                         }
+                        for q in (0..n).filter(|&q| q != me) {
+                            mb.prefetch_peer_next(q, 0, b);
+                        }
                     } else {
                         mb.publish(s, input, b, w)?;
+                        mb.prefetch_own_next(b);
                     }
                 }
                 Collective::Scatter { root } => {
                     if me == root {
                         mb.publish(s, input, n * b, w)?;
                         crate::reduce::copy::copy(input.add(me * b), output, b);
+                        mb.prefetch_own_next(n * b);
                     } else {
                         mb.publish(s, input, 0, w)?;
                         let p = mb.receive(root, s, w)?;
                         crate::reduce::copy::copy(p.add(me * b), output, b);
+                        mb.prefetch_peer_next(root, me * b, b);
                     }
                 }
                 Collective::Barrier => {

@@ -51,6 +51,8 @@ pub(crate) const SLOTS: usize = 16;
 /// polls on, then yields or sleeps): as many as [`super::Backoff`] spins
 /// before an oversubscribed rank yields.
 const INLINE_POLLS: usize = 8;
+/// The most cache lines of a slot that the prefetches touch (2 KiB).
+const PREFETCH_LINES: usize = 32;
 /// Bytes of a slot's header (`seq`, `meta`).
 const SLOT_HDR: usize = 16;
 /// Bytes from one slot to the next: header and payload, rounded to 128 so
@@ -96,6 +98,21 @@ pub(crate) struct Mailbox {
     metas: [u64; SLOTS],
     /// Published since the peers were last told (see [`Mailbox::flush`]).
     unflushed: bool,
+    /// The CPU has `prefetchw` ([`Mailbox::prefetch_own_next`]).
+    prefetchw: bool,
+}
+
+/// Whether the CPU has the `prefetchw` instruction (CPUID 0x8000_0001,
+/// ECX bit 8; older CPUs may fault on it).
+fn has_prefetchw() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        // The extended leaf is read only where the CPU reports it.
+        __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// What a mailbox wait needs from its op: abort flag, deadline, spin
@@ -161,6 +178,7 @@ impl Mailbox {
             seen: (0..n).map(|q| if q == me { u64::MAX } else { 0 }).collect(),
             metas: [0; SLOTS],
             unflushed: false,
+            prefetchw: has_prefetchw(),
         })
     }
 
@@ -347,6 +365,61 @@ impl Mailbox {
         Ok(self.payload(q, s))
     }
 
+    /// Takes ownership of the lines this rank's next op will write (the
+    /// header and `len` payload bytes, at most [`PREFETCH_LINES`]), so that
+    /// the next [`publish`](Mailbox::publish) does not wait for them.
+    ///
+    /// For ops where some ranks only write and the others only read (a
+    /// broadcast, a reduce): in a loop of them, the writer runs ahead, and
+    /// each line crosses between the cores once per op. Where the two
+    /// cores lie far apart (a round trip of 500-600 ns here), that crossing
+    /// took most of an op: the writer's fence waited for its ownership of
+    /// the line, the reader for the line to arrive. Started one op early,
+    /// each side's transfer overlaps the rest of its op. Not for ops in
+    /// which every rank writes and reads (AllReduce): there the writer's
+    /// early claim meets the peer's read of its current line (2 ranks, 8 B
+    /// AllReduce, 0.33-0.34 us against 0.30).
+    #[inline(always)]
+    pub(crate) fn prefetch_own_next(&self, len: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if self.prefetchw {
+            let p = self.slots[self.me][slot_of(self.seq + 1)] as *const u8;
+            for l in 0..(SLOT_HDR + len).div_ceil(64).min(PREFETCH_LINES) {
+                // SAFETY: the CPU has `prefetchw` (checked above), a hint
+                // that never faults and changes no register or memory.
+                unsafe {
+                    std::arch::asm!("prefetchw [{p}]", p = in(reg) p.wrapping_add(l * 64),
+                        options(nostack, preserves_flags, readonly))
+                };
+            }
+        }
+    }
+
+    /// Starts loading the lines of peer `q`'s next op that this rank will
+    /// read: its header and `len` payload bytes from `off` (at most
+    /// [`PREFETCH_LINES`] in all); the reader's half of
+    /// [`prefetch_own_next`](Mailbox::prefetch_own_next). A line the peer
+    /// has not written yet is still in this core's cache from the slot's
+    /// last use, so loading it early costs nothing.
+    #[inline(always)]
+    pub(crate) fn prefetch_peer_next(&self, q: usize, off: usize, len: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let slot = self.slots[q][slot_of(self.seq + 1)] as *const i8;
+            // SAFETY: a prefetch is a hint that never faults.
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(slot) };
+            let p = slot.wrapping_add(SLOT_HDR + off);
+            for l in 0..len.div_ceil(64).min(PREFETCH_LINES - 1) {
+                // SAFETY: a prefetch is a hint that never faults.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        p.wrapping_add(l * 64),
+                    )
+                };
+            }
+        }
+    }
+
     /// [`receive`](Mailbox::receive) when it must wait, check skipped
     /// headers, or report a mismatch.
     #[inline(never)]
@@ -515,5 +588,21 @@ impl Mailbox {
     /// this rank waits for.
     pub(crate) fn peer_ahead(&self, q: usize) -> bool {
         q != self.me && self.arrived(q, self.seq + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The CPUID check agrees with the kernel's reading of the same bit.
+    #[test]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    fn prefetchw_detection_matches_the_kernel() {
+        let info = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
+        let flags = info
+            .lines()
+            .find(|l| l.starts_with("flags"))
+            .expect("a flags line");
+        let kernel = flags.split_whitespace().any(|f| f == "3dnowprefetch");
+        assert_eq!(super::has_prefetchw(), kernel, "{flags}");
     }
 }
