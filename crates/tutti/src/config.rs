@@ -71,9 +71,9 @@ pub struct Config {
     /// Whether the direct algorithm uses the one-shot mailboxes among ranks
     /// of one segment (small collectives; see `docs/algorithms.md`).
     pub mailbox: bool,
-    /// Whether shared-memory sends write the rings with non-temporal
-    /// stores; `None`: online tuning tries both where ranks have a core
-    /// each ([`tune::STREAM_MIN_BYTES`](crate::tune::STREAM_MIN_BYTES)).
+    /// Whether shared-memory sends write the rings (and one-shot calls
+    /// their mailbox slots) with non-temporal stores; `None`: online tuning
+    /// tries both where ranks have a core each ([`tune::STREAM_MIN_BYTES`](crate::tune::STREAM_MIN_BYTES)).
     pub shm_stream: Option<bool>,
     /// How long a waiting op polls before it sleeps; `None` picks automatically.
     pub spin: Option<Duration>,

@@ -155,6 +155,20 @@ fn random_sequence_shm_3() {
     );
 }
 
+/// The same calls with every slot written by non-temporal stores
+/// (`TUTTI_SHM_STREAM=1`), which online tuning tries for calls of 16 KiB
+/// and more: a publish must fence them before its seq store.
+#[test]
+fn random_sequence_shm_2_streamed() {
+    common::procs(
+        "random_sequence_shm_2_streamed",
+        2,
+        Transport::Shm,
+        &[("TUTTI_ALGO", "direct"), ("TUTTI_SHM_STREAM", "1")],
+        |c, _: &Ctx| random_calls(c),
+    );
+}
+
 #[test]
 fn random_sequence_shm_4_rings_only() {
     // The same calls with mailboxes off: direct over the rings.

@@ -441,7 +441,11 @@ impl Core {
         }
         if repeat {
             let coll_seq = self.next_coll_seq(c.coll);
-            self.run_oneshot(c, seq, op_tag(c), coll_seq, abort)?;
+            // The last call's plan (a repeat follows a call that ran in
+            // one shot on its plan, not a trial's).
+            let planned = self.last.as_ref().is_some_and(|l| l.2.stream);
+            let stream = self.config.shm_stream.unwrap_or(planned);
+            self.run_oneshot(c, seq, op_tag(c), coll_seq, stream, abort)?;
             return self.finish_avg(c);
         }
         self.oneshot_ran = false;
@@ -497,7 +501,8 @@ impl Core {
             && oneshot::fits(c.coll, n, bytes)
         {
             self.oneshot_ran = true;
-            self.run_oneshot(c, seq, op_tag(c), coll_seq, abort)?;
+            let stream = self.config.shm_stream.unwrap_or(plan.stream);
+            self.run_oneshot(c, seq, op_tag(c), coll_seq, stream, abort)?;
         } else {
             self.run_schedule(c, seq, coll_seq, &plan.sched, plan.stream, abort)?;
         }

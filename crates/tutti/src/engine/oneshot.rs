@@ -84,13 +84,15 @@ pub(crate) fn fits(coll: Collective, n: usize, bytes: usize) -> bool {
 }
 
 impl Core {
-    /// Runs `c` through the mailboxes (the caller checked [`fits`]).
+    /// Runs `c` through the mailboxes (the caller checked [`fits`]),
+    /// writing this rank's slot with non-temporal stores where `stream`.
     pub(super) fn run_oneshot(
         &mut self,
         c: &OpCall,
         seq: u64,
         tag: u16,
         coll_seq: u32,
+        stream: bool,
         abort: &AtomicBool,
     ) -> Result<()> {
         let spin = if c.background {
@@ -112,7 +114,7 @@ impl Core {
         let mb = self.mailbox.as_mut().expect("caller checked");
         let r = mb
             .check_stale(&w)
-            .and_then(|()| Self::oneshot_steps(mb, c, tag, &mut w));
+            .and_then(|()| Self::oneshot_steps(mb, c, tag, stream, &mut w));
         // Whatever happened, no peer may stay asleep on what we published.
         mb.flush();
         r
@@ -123,11 +125,12 @@ impl Core {
         mb: &mut mailbox::Mailbox,
         c: &OpCall,
         tag: u16,
+        stream: bool,
         w: &mut Waiting<'_>,
     ) -> Result<()> {
         let (n, me) = mb.ranks();
         let b = c.count * c.dtype.size();
-        let s = mb.begin(mailbox::meta(tag, c.count));
+        let s = mb.begin(mailbox::meta(tag, c.count), stream);
         let k = reduce::kernel(c.dtype, c.op.step_op());
         let (input, output) = (c.input as *const u8, c.output);
         // For the whole block below: `k` is a kernel the running CPU can run

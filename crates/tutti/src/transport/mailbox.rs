@@ -98,6 +98,9 @@ pub(crate) struct Mailbox {
     metas: [u64; SLOTS],
     /// Published since the peers were last told (see [`Mailbox::flush`]).
     unflushed: bool,
+    /// The current op writes its slot with non-temporal stores
+    /// ([`crate::tune::Choice::stream`]).
+    stream: bool,
     /// The CPU has `prefetchw` ([`Mailbox::prefetch_own_next`]).
     prefetchw: bool,
 }
@@ -178,6 +181,7 @@ impl Mailbox {
             seen: (0..n).map(|q| if q == me { u64::MAX } else { 0 }).collect(),
             metas: [0; SLOTS],
             unflushed: false,
+            stream: false,
             prefetchw: has_prefetchw(),
         })
     }
@@ -251,8 +255,13 @@ impl Mailbox {
         (self.slots.len(), self.me)
     }
 
-    /// Starts the next op: returns its number.
-    pub(crate) fn begin(&mut self, meta: u64) -> u64 {
+    /// Starts the next op: returns its number. With `stream`, the op's
+    /// [`publish`](Mailbox::publish) writes the slot with non-temporal
+    /// stores: the peers then read it from memory rather than from this
+    /// core's cache, which pays where the cores lie far apart (see
+    /// [`crate::tune::STREAM_MIN_BYTES`]).
+    pub(crate) fn begin(&mut self, meta: u64, stream: bool) -> u64 {
+        self.stream = stream;
         self.seq += 1;
         self.metas[slot_of(self.seq)] = meta;
         self.seq
@@ -285,7 +294,16 @@ impl Mailbox {
         if len > 0 {
             // SAFETY: the slot holds MBOX_BYTES >= len payload bytes, and no
             // peer reads it (checked above); src is valid (caller).
-            unsafe { crate::reduce::copy::copy(src, self.payload(self.me, s) as *mut u8, len) };
+            // (A streamed copy ends with a store fence, so the payload is
+            // visible before the seq store below.)
+            unsafe {
+                let dst = self.payload(self.me, s) as *mut u8;
+                if self.stream {
+                    crate::reduce::copy::copy_stream(src, dst, len)
+                } else {
+                    crate::reduce::copy::copy(src, dst, len)
+                }
+            };
         }
         h.seq.store(s, Ordering::Release);
         // The fence that pairs with a sleeper's announcement (see `flush`)

@@ -200,8 +200,9 @@ pub struct Choice {
     pub chunks: usize,
     /// Predicted time in microseconds (NaN when nothing priced it).
     pub us: f64,
-    /// Shared-memory sends write the rings with non-temporal stores
-    /// ([`STREAM_MIN_BYTES`]). The cost model never sets it: online tuning
+    /// Shared-memory sends write the rings (a one-shot call its mailbox
+    /// slot) with non-temporal stores ([`STREAM_MIN_BYTES`]). The cost
+    /// model never sets it: online tuning
     /// tries it beside the model's pick ([`online`]).
     pub stream: bool,
 }
