@@ -23,7 +23,7 @@
 //! ([`copy_stream`]).
 //!
 //! ```text
-//!  bytes:   0 ... 2 KiB ............... 1 MiB ........ 8 MiB ..........
+//!  bytes:   0 ... 2 KiB ............... 1 MiB ........ 4 MiB ..........
 //!  copy:    memcpy | vector loop (here)  | memcpy      | streaming loop
 //! ```
 
