@@ -292,18 +292,17 @@ impl Mailbox {
         fence(Ordering::Release);
         h.meta.store(self.metas[slot_of(s)], Ordering::Relaxed);
         if len > 0 {
-            // SAFETY: the slot holds MBOX_BYTES >= len payload bytes, and no
-            // peer reads it (checked above); src is valid (caller).
-            // (A streamed copy ends with a store fence, so the payload is
-            // visible before the seq store below.)
-            unsafe {
-                let dst = self.payload(self.me, s) as *mut u8;
-                if self.stream {
-                    crate::reduce::copy::copy_stream(src, dst, len)
-                } else {
-                    crate::reduce::copy::copy(src, dst, len)
-                }
-            };
+            // A streamed copy ends with a store fence, so the payload is
+            // visible before the seq store below.
+            let dst = self.payload(self.me, s) as *mut u8;
+            if self.stream {
+                // SAFETY: the slot holds MBOX_BYTES >= len payload bytes, and
+                // no peer reads it (checked above); src is valid (caller).
+                unsafe { crate::reduce::copy::copy_stream(src, dst, len) };
+            } else {
+                // SAFETY: as for the streamed copy just above.
+                unsafe { crate::reduce::copy::copy(src, dst, len) };
+            }
         }
         h.seq.store(s, Ordering::Release);
         // The fence that pairs with a sleeper's announcement (see `flush`)
