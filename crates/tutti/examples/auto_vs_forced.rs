@@ -196,15 +196,20 @@ fn main() -> tutti::Result<()> {
                 } else {
                     String::new()
                 };
-                // "+": the pick's shared-memory sends stream (Choice::stream).
-                let stream = if c.stream { "+" } else { "" };
-                format!("{}{chunks}{stream}", c.algorithm)
+                // "+": the pick's shared-memory sends stream (Choice::stream);
+                // "^": its large messages go direct (Choice::cma).
+                let twin = match (c.stream, c.cma) {
+                    (true, _) => "+",
+                    (_, true) => "^",
+                    _ => "",
+                };
+                format!("{}{chunks}{twin}", c.algorithm)
             };
             // Where a review changed Auto's pick during the rounds: the
             // pick before and after.
             let mut picks = name(&pick);
-            if (last.algorithm, last.chunks, last.stream)
-                != (pick.algorithm, pick.chunks, pick.stream)
+            if (last.algorithm, last.chunks, last.stream, last.cma)
+                != (pick.algorithm, pick.chunks, pick.stream, pick.cma)
             {
                 picks = format!("{picks}>{}", name(&last));
             }

@@ -38,7 +38,7 @@ pub enum TransportChoice {
 /// | `TUTTI_TRANSPORT` (`auto`, `tcp`) | [`transport`](Config::transport) | auto |
 /// | `TUTTI_ALGO` | [`algo`](Config::algo) | auto |
 /// | `TUTTI_SHM_RING_BYTES` | [`ring_bytes`](Config::ring_bytes) | 512 KiB |
-/// | `TUTTI_SHM_DIRECT_BYTES` | [`direct_bytes`](Config::direct_bytes) | off |
+/// | `TUTTI_SHM_DIRECT_BYTES` | [`direct_bytes`](Config::direct_bytes) | auto (off, but online tuning may try 256 KiB) |
 /// | `TUTTI_SHM_MAILBOX` (`0`, `1`) | [`mailbox`](Config::mailbox) | 1 |
 /// | `TUTTI_SPIN_US` | [`spin`](Config::spin) | 200 us (20 us for async ops), or 50 us yielding when ranks outnumber cores |
 /// | `TUTTI_SOCKET_IFNAME` | [`socket_ifname`](Config::socket_ifname) | any |
@@ -63,11 +63,15 @@ pub struct Config {
     /// Bytes of each shared-memory ring (a power of two, at least 4 KiB).
     pub ring_bytes: usize,
     /// Shared-memory messages at least this large are read directly from the
-    /// sender's buffer (`process_vm_readv` / memcpy). Off by default: on the
-    /// machines measured, streaming through the cache-sized ring, with the
-    /// sender and the receiver copying at once, was 1.5-4x faster at every
-    /// size (see docs/performance.md).
-    pub direct_bytes: usize,
+    /// sender's buffer (`process_vm_readv` / memcpy); `Some(usize::MAX)`:
+    /// never. `None` (the default): never, except that where ranks share
+    /// cores online tuning tries large AllToAll calls with direct reads
+    /// too ([`tune::CMA_TWIN_BYTES`](crate::tune::CMA_TWIN_BYTES)).
+    /// Off by default because on the machines measured, streaming through
+    /// the cache-sized ring, with the sender and the receiver copying at
+    /// once, was 1.5-4x faster at every size where every rank has a core
+    /// (see docs/performance.md).
+    pub direct_bytes: Option<usize>,
     /// Whether the direct algorithm uses the one-shot mailboxes among ranks
     /// of one segment (small collectives; see `docs/algorithms.md`).
     pub mailbox: bool,
@@ -116,7 +120,7 @@ impl Default for Config {
             transport: TransportChoice::Auto,
             algo: AlgoOverride::default(),
             ring_bytes: 512 << 10,
-            direct_bytes: usize::MAX,
+            direct_bytes: None,
             mailbox: true,
             shm_stream: None,
             spin: None,
@@ -221,9 +225,11 @@ impl Config {
         }
         if let Some(v) = var("TUTTI_SHM_DIRECT_BYTES") {
             c.direct_bytes = if v.trim().eq_ignore_ascii_case("off") {
-                usize::MAX
+                Some(usize::MAX)
+            } else if v.trim().eq_ignore_ascii_case("auto") {
+                None
             } else {
-                bytes("TUTTI_SHM_DIRECT_BYTES", &v)?
+                Some(bytes("TUTTI_SHM_DIRECT_BYTES", &v)?)
             };
         }
         if let Some(v) = var("TUTTI_SPIN_US") {

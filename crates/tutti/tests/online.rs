@@ -171,6 +171,70 @@ fn online_tuning_agrees_shm_2() {
     );
 }
 
+/// Enough AllToAll calls with blocks of `tune::CMA_TWIN_BYTES` for online
+/// tuning to decide, every result checked (the direct-read twin's trial
+/// calls among them); then a check that the twin was among the candidates
+/// exactly where it may be (`allowed`, ranks outnumbering the host's CPUs,
+/// as on CI's 2, and a host that lets them read each other's memory) and
+/// that every rank decided alike.
+fn cma_twin(c: &Communicator, allowed: bool) {
+    let (n, r) = (c.size(), c.rank());
+    let block = tutti::tune::CMA_TWIN_BYTES / 4;
+    let calls = tutti::tune::online::max_calls(block * 4) + 3;
+    let mut send = vec![0f32; block * n];
+    let mut recv = vec![0f32; block * n];
+    for k in 0..calls {
+        for (i, x) in send.iter_mut().enumerate() {
+            *x = val(r, i, k);
+        }
+        c.all_to_all(&send, &mut recv).unwrap();
+        // Block q of what rank r receives is block r of what rank q sends.
+        for (j, v) in recv.iter().enumerate() {
+            let (q, i) = (j / block, j % block);
+            assert_eq!(
+                *v,
+                val(q, r * block + i, k),
+                "call {k} rank {r} from {q} i {i}"
+            );
+        }
+    }
+    assert!(!c.is_tuning(Collective::AllToAll, block, DataType::F32));
+    let cands = c.tuning_candidates(Collective::AllToAll, block, DataType::F32);
+    let host = &c.topology().hosts[0];
+    let want = allowed && host.cma && host.cpus < host.ranks.len();
+    assert_eq!(
+        cands.iter().filter(|x| x.cma).count(),
+        usize::from(want),
+        "{cands:?}, host {host:?}"
+    );
+    let plan = c.plan(Collective::AllToAll, block, DataType::F32).unwrap();
+    let a = Algorithm::ALL.iter().position(|&x| x == plan.algorithm);
+    same_everywhere(c, &[a.unwrap() as f64, f64::from(u8::from(plan.cma))]);
+}
+
+#[test]
+fn online_cma_twin_shm_4() {
+    common::procs(
+        "online_cma_twin_shm_4",
+        4,
+        Transport::Shm,
+        &[],
+        |c, _: &Ctx| cma_twin(c, true),
+    );
+}
+
+/// `TUTTI_SHM_DIRECT_BYTES=off` leaves the direct-read twin out.
+#[test]
+fn online_cma_twin_off_shm_4() {
+    common::procs(
+        "online_cma_twin_off_shm_4",
+        4,
+        Transport::Shm,
+        &[("TUTTI_SHM_DIRECT_BYTES", "off")],
+        |c, _: &Ctx| cma_twin(c, false),
+    );
+}
+
 #[test]
 fn online_tuning_agrees_tcp_3() {
     common::procs(

@@ -43,7 +43,7 @@ fn wrap_sizes() -> Vec<usize> {
 fn small_rings() -> Config {
     Config {
         ring_bytes: 4096,
-        direct_bytes: 4096,
+        direct_bytes: Some(4096),
         ..Config::default()
     }
 }
@@ -53,7 +53,7 @@ fn small_rings() -> Config {
 fn wrap_local_copied_messages() {
     solo("wrap_local_copied_messages", &[], || {
         let cfg = Config {
-            direct_bytes: usize::MAX,
+            direct_bytes: Some(usize::MAX),
             ..small_rings()
         };
         let sizes: Vec<usize> = (0..300).map(|k| (k * 37) % 5000).collect();

@@ -448,8 +448,12 @@ fn measure<T: Val>(
             } else {
                 String::new()
             };
-            let stream = if c.stream { "+stream" } else { "" };
-            Some(format!("{}{chunks}{stream}", c.algorithm))
+            let twin = match (c.stream, c.cma) {
+                (true, _) => "+stream",
+                (_, true) => "+cma",
+                _ => "",
+            };
+            Some(format!("{}{chunks}{twin}", c.algorithm))
         }
         _ => None,
     };

@@ -348,6 +348,10 @@ struct RankInfo {
     /// Online CPUs of this rank's machine (0 from a peer that does not say).
     #[serde(default)]
     cpus: usize,
+    /// This rank can read its peers' memory ([`sys::cma_usable`]; false
+    /// from a peer that does not say).
+    #[serde(default)]
+    cma: bool,
 }
 
 /// Joins the job described by `id` as `rank` of `nranks`.
@@ -480,6 +484,7 @@ pub(crate) fn connect(
             addr: l.local_addr().map_err(|e| Error::io("peer listener", e))?,
             nranks,
             cpus: sys::online_cpus(),
+            cma: sys::cma_usable(),
         })
         .expect("serialise"),
         None => Vec::new(),
@@ -534,6 +539,7 @@ pub(crate) fn connect(
             .filter(|&c| c > 0)
             .min()
             .unwrap_or(0);
+        h.cma = h.ranks.iter().all(|&r| infos[r].cma);
     }
     let my_host = topo.host_of[rank];
     let locals = topo.hosts[my_host].ranks.clone();

@@ -129,6 +129,13 @@ pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate
         stream_trials: config.shm_stream.is_none()
             && config.transport != crate::config::TransportChoice::Tcp
             && (threads || topo.hosts.iter().any(|h| h.ranks.len() > 1)),
+        // Not for threads of one process: their direct path is a memcpy
+        // out of the sender's buffer, not measured against the rings.
+        cma_trials: config.direct_bytes.is_none()
+            && config.transport != crate::config::TransportChoice::Tcp
+            && !threads
+            && topo.hosts.iter().any(|h| h.ranks.len() > 1)
+            && topo.hosts.iter().all(|h| h.ranks.len() < 2 || h.cma),
     }
 }
 
@@ -185,6 +192,24 @@ impl Communicator {
     ) -> usize {
         let p = crate::algo::Problem::new(coll, self.size, self.rank, count);
         self.engine.with_core(|c| c.online_reviews(&p, dtype))
+    }
+
+    /// The candidates Auto times on calls of `coll` with `count` elements
+    /// of `dtype` (online tuning, see [`tune::online`](crate::tune::online)):
+    /// the cost model's pick first, then the other algorithms and the
+    /// pick's twins ([`Choice::stream`](crate::tune::Choice::stream),
+    /// [`Choice::cma`](crate::tune::Choice::cma)), with the cost
+    /// model's predicted times. Empty before the shape's first call and
+    /// where there is nothing to try (one candidate, a forced algorithm,
+    /// `TUTTI_TUNE=model`). The same on every rank after the same calls.
+    pub fn tuning_candidates(
+        &self,
+        coll: crate::Collective,
+        count: usize,
+        dtype: crate::DataType,
+    ) -> Vec<crate::tune::Choice> {
+        let p = crate::algo::Problem::new(coll, self.size, self.rank, count);
+        self.engine.with_core(|c| c.online_candidates(&p, dtype))
     }
 
     /// `n` communicators for `n` threads of this process (like

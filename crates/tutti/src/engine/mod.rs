@@ -307,6 +307,21 @@ impl Core {
         }
     }
 
+    /// The candidates online tuning times for `p`'s shape (the model's
+    /// pick first); empty where it has none to try, or has not seen the
+    /// shape yet.
+    pub(crate) fn online_candidates(
+        &self,
+        p: &Problem,
+        dtype: DataType,
+    ) -> Vec<crate::tune::Choice> {
+        let key = self.shape_key(p, dtype);
+        match self.shapes.get(&key) {
+            Some(Shape::Tuned(t)) => t.trials.candidates().to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The number of ops this communicator has run.
     pub(crate) fn seq(&self) -> u64 {
         self.seq
@@ -477,10 +492,15 @@ impl Core {
                         plan.clone()
                     }
                     None => {
-                        let (forced, stream);
-                        (forced, stream, trial) = self.online_choice(&key.0, c, bytes)?;
+                        let (forced, stream, cma);
+                        (forced, stream, cma, trial) = self.online_choice(&key.0, c, bytes)?;
                         let (alg, sched) = self.schedule_for(key.0.clone(), forced, c)?;
-                        let plan = Planned { alg, sched, stream };
+                        let plan = Planned {
+                            alg,
+                            sched,
+                            stream,
+                            cma,
+                        };
                         if trial.is_none() && forced != c.algorithm {
                             // Decided online: remember it under the call's key.
                             self.cache.insert(key.clone(), plan.clone());
@@ -504,7 +524,7 @@ impl Core {
             let stream = self.config.shm_stream.unwrap_or(plan.stream);
             self.run_oneshot(c, seq, op_tag(c), coll_seq, stream, abort)?;
         } else {
-            self.run_schedule(c, seq, coll_seq, &plan.sched, plan.stream, abort)?;
+            self.run_schedule(c, seq, coll_seq, &plan, abort)?;
         }
         self.finish_avg(c)?;
         if let Some(key) = trial {
@@ -529,14 +549,14 @@ impl Core {
         problem: &Problem,
         c: &OpCall,
         bytes: usize,
-    ) -> Result<(Option<Algorithm>, bool, Option<ShapeKey>)> {
+    ) -> Result<(Option<Algorithm>, bool, bool, Option<ShapeKey>)> {
         if c.algorithm.is_some()
             || !self.config.online
             || c.vcounts.is_some()
             || c.coll.kind() == crate::algo::CollKind::SendRecv
             || self.nranks < 2
         {
-            return Ok((c.algorithm, false, None));
+            return Ok((c.algorithm, false, false, None));
         }
         let key = (
             Problem {
@@ -550,7 +570,7 @@ impl Core {
             // are being tuned (one that repeats a call skips the tuner), so
             // past the bound new shapes get the cost model's pick.
             if self.shapes.len() >= MAX_SHAPES {
-                return Ok((None, false, None));
+                return Ok((None, false, false, None));
             }
             let cands = crate::tune::candidates(&key.0, c.dtype, &self.config.algo, &self.tune)?;
             let shape = if cands.len() < 2 {
@@ -567,15 +587,15 @@ impl Core {
         }
         let colls = self.colls;
         Ok(match self.shapes.get_mut(&key).expect("inserted above") {
-            Shape::Fixed(d) => (Some(d.algorithm), d.stream, None),
+            Shape::Fixed(d) => (Some(d.algorithm), d.stream, d.cma, None),
             Shape::Tuned(t) => match (t.review_at, t.trials.decided()) {
-                (Some(_), Some(d)) => (Some(d.algorithm), d.stream, None),
+                (Some(_), Some(d)) => (Some(d.algorithm), d.stream, d.cma, None),
                 _ => {
                     if t.trials.fresh() {
                         t.stretch_from = colls;
                     }
                     let next = t.trials.next().0;
-                    (Some(next.algorithm), next.stream, Some(key))
+                    (Some(next.algorithm), next.stream, next.cma, Some(key))
                 }
             },
         })
@@ -754,6 +774,7 @@ impl Core {
                 alg,
                 sched: s.clone(),
                 stream: false,
+                cma: false,
             },
         );
         self.recorder.set_algorithm(alg.name());
@@ -765,10 +786,10 @@ impl Core {
         c: &OpCall,
         seq: u64,
         coll_seq: u32,
-        sched: &Schedule,
-        stream: bool,
+        plan: &Planned,
         abort: &AtomicBool,
     ) -> Result<()> {
+        let sched = &*plan.sched;
         let esz = c.dtype.size();
         let need = sched.scratch * esz;
         if self.scratch.len() < need {
@@ -797,9 +818,13 @@ impl Core {
             dtype: c.dtype,
             op,
             elem: esz,
-            direct_bytes: self.config.direct_bytes,
+            direct_bytes: if plan.cma {
+                crate::tune::CMA_TWIN_BYTES
+            } else {
+                self.config.direct_bytes.unwrap_or(usize::MAX)
+            },
             // TUTTI_SHM_STREAM=0|1 overrides what the plan says.
-            stream: self.config.shm_stream.unwrap_or(stream),
+            stream: self.config.shm_stream.unwrap_or(plan.stream),
             bounce: std::mem::take(&mut self.bounce),
         };
         let bell_ptr = self.bell().map(|b| b as *const Doorbell);
@@ -855,24 +880,31 @@ fn op_tag(c: &OpCall) -> u16 {
 type ShapeKey = (Problem, DataType);
 
 /// A candidate's name in the debug log: its algorithm, `+stream` where its
-/// shared-memory sends stream.
+/// shared-memory sends stream, `+cma` where its large messages go direct
+/// (read with `process_vm_readv`).
 fn plan_name(c: &crate::tune::Choice) -> String {
     format!(
         "{}{}",
         c.algorithm.name(),
-        if c.stream { "+stream" } else { "" }
+        match (c.stream, c.cma) {
+            (true, _) => "+stream",
+            (_, true) => "+cma",
+            _ => "",
+        }
     )
 }
 
 /// How a call shape runs: its algorithm, the schedule built for it, and
 /// whether online tuning chose streaming ring stores for it
 /// ([`crate::tune::Choice::stream`]; `TUTTI_SHM_STREAM=0|1` overrides it
-/// where the call runs, in `run_schedule`).
+/// where the call runs, in `run_schedule`) or direct reads of its large
+/// messages ([`crate::tune::Choice::cma`]).
 #[derive(Clone)]
 struct Planned {
     alg: Algorithm,
     sched: Arc<Schedule>,
     stream: bool,
+    cma: bool,
 }
 
 /// Online tuning's state for one call shape.

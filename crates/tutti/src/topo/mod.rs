@@ -48,6 +48,10 @@ pub struct Host {
     /// one process, or a saved topology without it).
     #[serde(default)]
     pub cpus: usize,
+    /// Every rank of the host can read its peers' memory with
+    /// `process_vm_readv`, as they reported at set-up; false where unknown.
+    #[serde(default)]
+    pub cma: bool,
 }
 
 /// The communicator's topology.
@@ -80,6 +84,7 @@ impl Topology {
                         id: id.clone(),
                         ranks: Vec::new(),
                         cpus: 0,
+                        cma: false,
                     });
                     hosts.len() - 1
                 }

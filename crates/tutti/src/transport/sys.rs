@@ -88,6 +88,24 @@ pub(crate) unsafe fn process_read(
     Ok(())
 }
 
+/// Whether this process can read a peer process's memory with
+/// `process_vm_readv` (cross-memory attach), as online tuning's direct-read
+/// twin needs ([`crate::tune::Choice::cma`]): Yama's `ptrace_scope` is
+/// absent or 0 (1 and above let a process read only its descendants, and
+/// ranks are siblings), and a read of this process's own memory works
+/// (a seccomp filter, as some containers install, makes the call fail).
+pub(crate) fn cma_usable() -> bool {
+    match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope") {
+        Ok(s) if s.trim() != "0" => return false,
+        _ => {}
+    }
+    let src = [0x5au8; 16];
+    let mut dst = [0u8; 16];
+    // SAFETY: `src` is this process's own memory and `dst` holds 16 bytes.
+    let r = unsafe { process_read(pid(), src.as_ptr() as u64, dst.as_mut_ptr(), 16) };
+    r.is_ok() && dst == src
+}
+
 /// True if process `pid` exists and has not exited (a zombie, which its
 /// parent has not reaped yet, counts as dead).
 pub(crate) fn process_alive(pid: i32) -> bool {
@@ -148,4 +166,19 @@ pub(crate) fn online_cpus() -> usize {
 /// This process's id.
 pub(crate) fn pid() -> i32 {
     std::process::id() as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Cross-memory attach is usable exactly where Yama lets a process read
+    /// its siblings (no Yama, or `ptrace_scope` 0); this machine installs
+    /// no seccomp filter that would block the call.
+    #[test]
+    fn cma_usable_follows_ptrace_scope() {
+        let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok();
+        let open = scope.as_deref().is_none_or(|s| s.trim() == "0");
+        assert_eq!(cma_usable(), open, "ptrace_scope {scope:?}");
+    }
 }

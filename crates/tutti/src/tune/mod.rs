@@ -142,6 +142,11 @@ pub struct TuneCtx {
     /// ([`Choice::stream`]): some ranks share a host's rings and
     /// `TUTTI_SHM_STREAM` is `auto`.
     pub stream_trials: bool,
+    /// Online tuning may try the pick with direct reads of large messages
+    /// ([`Choice::cma`]): some ranks share a host, every such host's
+    /// ranks can read each other's memory, and
+    /// `TUTTI_SHM_DIRECT_BYTES` is unset.
+    pub cma_trials: bool,
 }
 
 impl TuneCtx {
@@ -168,6 +173,7 @@ impl TuneCtx {
             cpu_share: 1.0,
             ring_bytes: crate::Config::default().ring_bytes,
             stream_trials: n > 1,
+            cma_trials: false,
         }
     }
 
@@ -205,6 +211,12 @@ pub struct Choice {
     /// model never sets it: online tuning
     /// tries it beside the model's pick ([`online`]).
     pub stream: bool,
+    /// Shared-memory messages of [`CMA_TWIN_BYTES`] or more go direct:
+    /// the receiver reads them from the sender's buffer
+    /// (`process_vm_readv`, one copy) instead of through the ring. The
+    /// cost model never sets it: online tuning tries it beside the model's
+    /// pick where ranks share cores ([`candidates`]).
+    pub cma: bool,
 }
 
 /// The cost model the simulation runs with: `ctx.model`, adjusted where
@@ -272,6 +284,7 @@ pub fn best_chunks(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> O
         chunks: 1,
         us: price(&q, elem, ctx, alg)?,
         stream: false,
+        cma: false,
     };
     let bytes = p.count * elem;
     // The ring cuts its own pieces, to save memory traffic the model does
@@ -299,6 +312,7 @@ pub fn best_chunks(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> O
                     chunks: k,
                     us: t,
                     stream: false,
+                    cma: false,
                 };
             }
         }
@@ -347,6 +361,7 @@ pub fn choose_with(p: &Problem, elem: usize, ctx: &TuneCtx) -> Choice {
             chunks: 1,
             us: f64::NAN,
             stream: false,
+            cma: false,
         },
         |i| v[i],
     )
@@ -386,7 +401,9 @@ pub(crate) fn select(
 /// algorithms it prices within [`online::SPREAD`] of the cheapest, at most
 /// [`online::MAX_CANDIDATES`] in all, each with its best chunk count; and,
 /// on top of those, the pick's streaming twin second where
-/// [`STREAM_MIN_BYTES`] says.
+/// [`STREAM_MIN_BYTES`] says, or its direct-read twin second where
+/// [`CMA_TWIN_BYTES`] says (never both: one needs a core per rank, the
+/// other ranks that share cores).
 pub(crate) fn candidates(
     p: &Problem,
     dtype: crate::DataType,
@@ -414,8 +431,36 @@ pub(crate) fn candidates(
             },
         );
     }
+    if chose
+        && ctx.cma_trials
+        && ctx.cpu_share < 1.0
+        && p.coll == crate::algo::Collective::AllToAll
+        && p.count * dtype.size() >= CMA_TWIN_BYTES
+    {
+        out.insert(1, Choice { cma: true, ..pick });
+    }
     Ok(out)
 }
+
+/// Messages of at least this many bytes go direct in the direct-read twin
+/// ([`Choice::cma`]), which online tuning tries for AllToAll calls whose
+/// blocks (one per peer) are this large, where ranks share cores.
+///
+/// Why: where ranks share cores, a ring between two ranks moves only while
+/// both run, and a sender that fills it waits for its receiver to be
+/// scheduled; a direct read needs the sender only to publish where its
+/// buffer is, and the receiver copies the whole message in one call when
+/// its turn comes. Open MPI's AllToAll reads that way. This machine (4
+/// ranks on 2 cores, AllToAll, `TUTTI_SHM_DIRECT_BYTES=256K` against the
+/// rings, docs/performance.md): 2 MiB 462-473 us against 736-745 (Open MPI
+/// 545-580) with the two CPUs on one core's hyperthreads, 1-4 MiB 1.4-1.8x
+/// faster with the CPUs far apart, but 8-16 MiB 1.15-1.27x slower with
+/// them close: measured, not priced. Only AllToAll: the other collectives
+/// forward or reduce what they receive, and direct reads were mostly
+/// slower for them at 4 ranks. Not where every rank has a core: 2 ranks,
+/// AllToAll of 1 MiB took 110-157 us direct against 46-61 (CPUs close) and
+/// 98-105 (far apart, streamed) through the rings.
+pub const CMA_TWIN_BYTES: usize = 256 << 10;
 
 /// Calls of at least this many bytes (count x element size) try their
 /// pick a second time with streaming ring stores ([`Choice::stream`]),
@@ -473,6 +518,7 @@ fn select_all(
             chunks: 1,
             us: f64::NAN,
             stream: false,
+            cma: false,
         })]
     };
     if let Some(a) = per_call {
@@ -548,6 +594,7 @@ mod tests {
             cpu_share: 1.0,
             ring_bytes: 512 << 10,
             stream_trials: l > 1,
+            cma_trials: l > 1,
         }
     }
 
@@ -853,6 +900,51 @@ mod tests {
         assert_eq!(twins(&no_twin(&own), big, &free), 0);
         let forced = AlgoOverride::parse("pairwise").unwrap();
         assert_eq!(twins(&own, big, &forced), 0);
+    }
+
+    /// Online tuning tries the pick a second time with direct reads where
+    /// ranks share cores, for AllToAll blocks of CMA_TWIN_BYTES or more,
+    /// where the hosts can read their ranks' memory; never beside the
+    /// streaming twin, nor where the algorithm is forced.
+    #[test]
+    fn the_pick_has_a_direct_read_twin_where_ranks_share_cores() {
+        let f32s = crate::DataType::F32;
+        let free = AlgoOverride::default();
+        let shared = TuneCtx {
+            cma_trials: true,
+            ..shared_ctx()
+        };
+        let twins = |ctx: &TuneCtx, coll: Collective, count: usize, env: &AlgoOverride| {
+            let p = Problem::new(coll, ctx.host_of.len(), 0, count);
+            let c = candidates(&p, f32s, env, ctx).unwrap();
+            let without = TuneCtx {
+                cma_trials: false,
+                ..ctx.clone()
+            };
+            let algorithms = c.iter().filter(|x| !x.cma).count();
+            assert_eq!(
+                algorithms,
+                candidates(&p, f32s, env, &without).unwrap().len()
+            );
+            assert!(!c[0].cma && c.iter().all(|x| !(x.cma && x.stream)), "{c:?}");
+            if c.iter().any(|x| x.cma) {
+                assert_eq!(c[1], Choice { cma: true, ..c[0] });
+            }
+            c.iter().filter(|x| x.cma).count()
+        };
+        let big = CMA_TWIN_BYTES / 4;
+        assert_eq!(twins(&shared, Collective::AllToAll, big, &free), 1);
+        assert_eq!(twins(&shared, Collective::AllToAll, big - 1, &free), 0);
+        assert_eq!(twins(&shared, Collective::AllGather, big, &free), 0);
+        assert_eq!(twins(&shared, Collective::AllReduce, 4 * big, &free), 0);
+        let own = TuneCtx {
+            cma_trials: true,
+            ..TuneCtx::single_host(4)
+        };
+        assert_eq!(twins(&own, Collective::AllToAll, big, &free), 0);
+        assert_eq!(twins(&shared_ctx(), Collective::AllToAll, big, &free), 0);
+        let forced = AlgoOverride::parse("pairwise").unwrap();
+        assert_eq!(twins(&shared, Collective::AllToAll, big, &forced), 0);
     }
 
     /// Whether a rank runs in place is its own affair: the choice (and the

@@ -350,6 +350,7 @@ mod tests {
                 chunks: 1,
                 us: 1.0,
                 stream: false,
+                cma: false,
             })
             .collect()
     }
