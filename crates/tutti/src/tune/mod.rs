@@ -215,7 +215,7 @@ pub struct Choice {
     /// the receiver reads them from the sender's buffer
     /// (`process_vm_readv`, one copy) instead of through the ring. The
     /// cost model never sets it: online tuning tries it beside the model's
-    /// pick where ranks share cores ([`candidates`]).
+    /// pick where ranks share cores ([`CMA_TWIN_BYTES`]).
     pub cma: bool,
 }
 
