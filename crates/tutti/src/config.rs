@@ -65,8 +65,8 @@ pub struct Config {
     /// Shared-memory messages at least this large are read directly from the
     /// sender's buffer (`process_vm_readv` / memcpy); `Some(usize::MAX)`:
     /// never. `None` (the default): never, except that where ranks share
-    /// cores online tuning tries large AllToAll calls with direct reads
-    /// too ([`tune::CMA_TWIN_BYTES`](crate::tune::CMA_TWIN_BYTES)).
+    /// cores online tuning tries large AllToAll and Scatter calls with
+    /// direct reads too ([`tune::CMA_TWIN_BYTES`](crate::tune::CMA_TWIN_BYTES)).
     /// Off by default because on the machines measured, streaming through
     /// the cache-sized ring, with the sender and the receiver copying at
     /// once, was 1.5-4x faster at every size where every rank has a core

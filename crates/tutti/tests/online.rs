@@ -171,8 +171,8 @@ fn online_tuning_agrees_shm_2() {
     );
 }
 
-/// Enough AllToAll calls with blocks of `tune::CMA_TWIN_BYTES` for online
-/// tuning to decide, every result checked (the direct-read twin's trial
+/// Enough AllToAll and Scatter calls with blocks of `tune::CMA_TWIN_BYTES`
+/// for online tuning to decide, every result checked (the direct-read twin's trial
 /// calls among them); then a check that the twin was among the candidates
 /// exactly where it may be (`allowed`, ranks outnumbering the host's CPUs,
 /// as on CI's 2, and a host that lets them read each other's memory) and
@@ -198,18 +198,37 @@ fn cma_twin(c: &Communicator, allowed: bool) {
             );
         }
     }
-    assert!(!c.is_tuning(Collective::AllToAll, block, DataType::F32));
-    let cands = c.tuning_candidates(Collective::AllToAll, block, DataType::F32);
+    // Scatter from rank 1: rank r receives block r of the root's buffer.
+    let root = 1;
+    let scatter = Collective::Scatter { root };
+    for k in 0..calls {
+        let all: Vec<f32> = (0..block * n).map(|i| val(root, i, k)).collect();
+        let mut mine = vec![0f32; block];
+        c.scatter(&all, &mut mine, root).unwrap();
+        for (i, v) in mine.iter().enumerate() {
+            assert_eq!(
+                *v,
+                val(root, r * block + i, k),
+                "scatter call {k} rank {r} i {i}"
+            );
+        }
+    }
     let host = &c.topology().hosts[0];
     let want = allowed && host.cma && host.cpus < host.ranks.len();
-    assert_eq!(
-        cands.iter().filter(|x| x.cma).count(),
-        usize::from(want),
-        "{cands:?}, host {host:?}"
-    );
-    let plan = c.plan(Collective::AllToAll, block, DataType::F32).unwrap();
-    let a = Algorithm::ALL.iter().position(|&x| x == plan.algorithm);
-    same_everywhere(c, &[a.unwrap() as f64, f64::from(u8::from(plan.cma))]);
+    let mut plans = Vec::new();
+    for coll in [Collective::AllToAll, scatter] {
+        assert!(!c.is_tuning(coll, block, DataType::F32));
+        let cands = c.tuning_candidates(coll, block, DataType::F32);
+        assert_eq!(
+            cands.iter().filter(|x| x.cma).count(),
+            usize::from(want),
+            "{coll:?}: {cands:?}, host {host:?}"
+        );
+        let plan = c.plan(coll, block, DataType::F32).unwrap();
+        let a = Algorithm::ALL.iter().position(|&x| x == plan.algorithm);
+        plans.extend([a.unwrap() as f64, f64::from(u8::from(plan.cma))]);
+    }
+    same_everywhere(c, &plans);
 }
 
 #[test]

@@ -434,7 +434,7 @@ pub(crate) fn candidates(
     if chose
         && ctx.cma_trials
         && ctx.cpu_share < 1.0
-        && p.coll == crate::algo::Collective::AllToAll
+        && cma_twin_may_pay(p.coll)
         && p.count * dtype.size() >= CMA_TWIN_BYTES
     {
         out.insert(1, Choice { cma: true, ..pick });
@@ -442,9 +442,18 @@ pub(crate) fn candidates(
     Ok(out)
 }
 
+/// Whether online tuning tries `coll`'s direct-read twin where ranks share
+/// cores ([`CMA_TWIN_BYTES`]): AllToAll, and Scatter, whose readers copy
+/// their blocks out of the root's buffer in parallel where the root
+/// otherwise copies every byte into the rings.
+fn cma_twin_may_pay(coll: crate::algo::Collective) -> bool {
+    use crate::algo::Collective as C;
+    matches!(coll, C::AllToAll | C::Scatter { .. })
+}
+
 /// Messages of at least this many bytes go direct in the direct-read twin
-/// ([`Choice::cma`]), which online tuning tries for AllToAll calls whose
-/// blocks (one per peer) are this large, where ranks share cores.
+/// ([`Choice::cma`]), which online tuning tries where ranks share cores for
+/// AllToAll and Scatter calls whose blocks (one per peer) are this large.
 ///
 /// Why: where ranks share cores, a ring between two ranks moves only while
 /// both run, and a sender that fills it waits for its receiver to be
@@ -452,14 +461,18 @@ pub(crate) fn candidates(
 /// buffer is, and the receiver copies the whole message in one call when
 /// its turn comes. Open MPI's AllToAll reads that way. This machine (4
 /// ranks on 2 cores, AllToAll, `TUTTI_SHM_DIRECT_BYTES=256K` against the
-/// rings, docs/performance.md): 2 MiB 462-473 us against 736-745 (Open MPI
+/// rings, docs/algorithms.md): 2 MiB 462-473 us against 736-745 (Open MPI
 /// 545-580) with the two CPUs on one core's hyperthreads, 1-4 MiB 1.4-1.8x
 /// faster with the CPUs far apart, but 8-16 MiB 1.15-1.27x slower with
-/// them close: measured, not priced. Only AllToAll: the other collectives
-/// forward or reduce what they receive, and direct reads were mostly
-/// slower for them at 4 ranks. Not where every rank has a core: 2 ranks,
-/// AllToAll of 1 MiB took 110-157 us direct against 46-61 (CPUs close) and
-/// 98-105 (far apart, streamed) through the rings.
+/// them close: measured, not priced. Scatter, forced, far apart: 4-16 MiB
+/// 1.5-2.2x faster (16 MiB 1264-1314 us against 2797-2821), close 1.3-2.4x
+/// slower below 8 MiB. Not Gather (slower far apart: its root reads every
+/// block), nor Broadcast (forced, far apart, 1.6x faster at 8-16 MiB in
+/// one run but slower at 1-4 MiB and close; tried as a twin, two runs far
+/// apart, Auto never kept it), nor the collectives that forward or reduce
+/// what they receive (mostly slower at 4 ranks). Not where every rank has
+/// a core: 2 ranks, AllToAll of 1 MiB took 110-157 us direct against 46-61
+/// (CPUs close) and 98-105 (far apart, streamed) through the rings.
 pub const CMA_TWIN_BYTES: usize = 256 << 10;
 
 /// Calls of at least this many bytes (count x element size) try their
@@ -903,7 +916,8 @@ mod tests {
     }
 
     /// Online tuning tries the pick a second time with direct reads where
-    /// ranks share cores, for AllToAll blocks of CMA_TWIN_BYTES or more,
+    /// ranks share cores, for AllToAll and Scatter blocks of CMA_TWIN_BYTES
+    /// or more,
     /// where the hosts can read their ranks' memory; never beside the
     /// streaming twin, nor where the algorithm is forced.
     #[test]
@@ -935,6 +949,22 @@ mod tests {
         let big = CMA_TWIN_BYTES / 4;
         assert_eq!(twins(&shared, Collective::AllToAll, big, &free), 1);
         assert_eq!(twins(&shared, Collective::AllToAll, big - 1, &free), 0);
+        assert_eq!(
+            twins(&shared, Collective::Scatter { root: 1 }, big, &free),
+            1
+        );
+        assert_eq!(
+            twins(&shared, Collective::Scatter { root: 1 }, big - 1, &free),
+            0
+        );
+        assert_eq!(
+            twins(&shared, Collective::Broadcast { root: 0 }, big, &free),
+            0
+        );
+        assert_eq!(
+            twins(&shared, Collective::Gather { root: 0 }, big, &free),
+            0
+        );
         assert_eq!(twins(&shared, Collective::AllGather, big, &free), 0);
         assert_eq!(twins(&shared, Collective::AllReduce, 4 * big, &free), 0);
         let own = TuneCtx {

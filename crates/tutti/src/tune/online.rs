@@ -15,7 +15,7 @@
 //! pick first, then the others priced within [`SPREAD`] of the cheapest, at
 //! most [`MAX_CANDIDATES`], and where ranks have a core each the pick with
 //! streaming ring stores as well (where they share cores, for large
-//! AllToAll calls, the pick with direct reads instead). With one
+//! AllToAll and Scatter calls, the pick with direct reads instead). With one
 //! candidate there is nothing to try.
 //! Otherwise the candidates take turns, [`TURNS`] times, turn t starting
 //! with candidate t (the model's pick first in the first); in its turn a
