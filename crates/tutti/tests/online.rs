@@ -214,6 +214,11 @@ fn cma_twin(c: &Communicator, allowed: bool) {
         }
     }
     let host = &c.topology().hosts[0];
+    // The test's processes run as one user in one PID namespace: they can
+    // read each other's memory wherever Yama lets siblings do so.
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok();
+    let open = scope.as_deref().is_none_or(|s| s.trim() == "0");
+    assert_eq!(host.cma, open, "ptrace_scope {scope:?}, host {host:?}");
     let want = allowed && host.cma && host.cpus < host.ranks.len();
     let mut plans = Vec::new();
     for coll in [Collective::AllToAll, scatter] {

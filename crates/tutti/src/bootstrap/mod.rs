@@ -352,6 +352,31 @@ struct RankInfo {
     /// from a peer that does not say).
     #[serde(default)]
     cma: bool,
+    /// This rank's user id ([`sys::uid`]); `process_vm_readv` between
+    /// ranks needs the same one.
+    #[serde(default)]
+    uid: Option<u32>,
+    /// This rank's PID namespace ([`sys::pid_namespace`]): the pids in
+    /// direct-read descriptors mean the same process only within one.
+    #[serde(default)]
+    pidns: String,
+}
+
+/// Whether the ranks `infos` of one host can read each other's memory:
+/// each can ([`sys::cma_usable`]), and all run as one user in one PID
+/// namespace (ranks in containers that share a host's network but not its
+/// processes do not).
+fn host_cma(infos: &[&RankInfo]) -> bool {
+    let Some(first) = infos.first() else {
+        return false;
+    };
+    infos.iter().all(|i| {
+        i.cma
+            && i.uid.is_some()
+            && i.uid == first.uid
+            && !i.pidns.is_empty()
+            && i.pidns == first.pidns
+    })
 }
 
 /// Joins the job described by `id` as `rank` of `nranks`.
@@ -485,6 +510,8 @@ pub(crate) fn connect(
             nranks,
             cpus: sys::online_cpus(),
             cma: sys::cma_usable(),
+            uid: Some(sys::uid()),
+            pidns: sys::pid_namespace(),
         })
         .expect("serialise"),
         None => Vec::new(),
@@ -530,7 +557,8 @@ pub(crate) fn connect(
     }
     let mut topo = Topology::from_host_ids(&ids);
     // Every rank learns every host's CPUs, so that all price calls alike
-    // where ranks outnumber cores (`TuneCtx::cpu_share`).
+    // where ranks outnumber cores (`TuneCtx::cpu_share`), and whether its
+    // ranks can read each other's memory (`TuneCtx::cma_trials`).
     for h in &mut topo.hosts {
         h.cpus = h
             .ranks
@@ -539,7 +567,7 @@ pub(crate) fn connect(
             .filter(|&c| c > 0)
             .min()
             .unwrap_or(0);
-        h.cma = h.ranks.iter().all(|&r| infos[r].cma);
+        h.cma = host_cma(&h.ranks.iter().map(|&r| &infos[r]).collect::<Vec<_>>());
     }
     let my_host = topo.host_of[rank];
     let locals = topo.hosts[my_host].ranks.clone();
@@ -1005,4 +1033,49 @@ fn open_segment(name: &str, layout: Layout) -> Result<Arc<Segment>> {
         .open(&path)
         .map_err(|e| Error::io(format!("opening {path}"), e))?;
     Segment::map(f.as_raw_fd(), layout, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(cma: bool, uid: Option<u32>, pidns: &str) -> RankInfo {
+        RankInfo {
+            host: "h".into(),
+            machine: String::new(),
+            pid: 1,
+            addr: "127.0.0.1:1".parse().unwrap(),
+            nranks: 2,
+            cpus: 2,
+            cma,
+            uid,
+            pidns: pidns.into(),
+        }
+    }
+
+    /// A host's ranks read each other's memory only where every one can,
+    /// as one user, in one PID namespace; a rank that does not say (an
+    /// older peer) counts as one that cannot.
+    #[test]
+    fn host_cma_needs_every_rank_one_user_one_pid_namespace() {
+        let ns = "pid:[4026531836]";
+        let ok = info(true, Some(1000), ns);
+        assert!(host_cma(&[&ok, &info(true, Some(1000), ns)]));
+        assert!(!host_cma(&[&ok, &info(false, Some(1000), ns)]));
+        assert!(!host_cma(&[&ok, &info(true, Some(0), ns)]));
+        assert!(!host_cma(&[&ok, &info(true, None, ns)]));
+        assert!(!host_cma(&[
+            &ok,
+            &info(true, Some(1000), "pid:[4026532000]")
+        ]));
+        assert!(!host_cma(&[
+            &info(true, Some(1000), ""),
+            &info(true, Some(1000), "")
+        ]));
+        let old: RankInfo =
+            serde_json::from_str(r#"{"host":"h","pid":1,"addr":"127.0.0.1:1","nranks":2}"#)
+                .unwrap();
+        assert!(!host_cma(&[&ok, &old]));
+        assert!(!host_cma(&[]));
+    }
 }

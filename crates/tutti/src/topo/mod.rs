@@ -49,7 +49,8 @@ pub struct Host {
     #[serde(default)]
     pub cpus: usize,
     /// Every rank of the host can read its peers' memory with
-    /// `process_vm_readv`, as they reported at set-up; false where unknown.
+    /// `process_vm_readv`, as they reported at set-up (each can, and all
+    /// run as one user in one PID namespace); false where unknown.
     #[serde(default)]
     pub cma: bool,
 }

@@ -106,6 +106,21 @@ pub(crate) fn cma_usable() -> bool {
     r.is_ok() && dst == src
 }
 
+/// This process's real user id.
+pub(crate) fn uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// This process's PID namespace (the target of `/proc/self/ns/pid`, e.g.
+/// `pid:[4026531836]`); empty where it cannot be read. Ranks whose
+/// namespaces differ see each other's pids as other processes, or none.
+pub(crate) fn pid_namespace() -> String {
+    std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 /// True if process `pid` exists and has not exited (a zombie, which its
 /// parent has not reaped yet, counts as dead).
 pub(crate) fn process_alive(pid: i32) -> bool {

@@ -144,7 +144,7 @@ pub struct TuneCtx {
     pub stream_trials: bool,
     /// Online tuning may try the pick with direct reads of large messages
     /// ([`Choice::cma`]): some ranks share a host, every such host's
-    /// ranks can read each other's memory, and
+    /// ranks can read each other's memory (`Host::cma`), and
     /// `TUTTI_SHM_DIRECT_BYTES` is unset.
     pub cma_trials: bool,
 }
