@@ -448,12 +448,7 @@ fn measure<T: Val>(
             } else {
                 String::new()
             };
-            let twin = match (c.stream, c.cma) {
-                (true, _) => "+stream",
-                (_, true) => "+cma",
-                _ => "",
-            };
-            Some(format!("{}{chunks}{twin}", c.algorithm))
+            Some(format!("{}{chunks}{}", c.algorithm, c.twin()))
         }
         _ => None,
     };

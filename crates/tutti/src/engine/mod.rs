@@ -492,14 +492,15 @@ impl Core {
                         plan.clone()
                     }
                     None => {
-                        let (forced, stream, cma);
-                        (forced, stream, cma, trial) = self.online_choice(&key.0, c, bytes)?;
+                        let tuned;
+                        (tuned, trial) = self.online_choice(&key.0, c, bytes)?;
+                        let forced = tuned.map_or(c.algorithm, |d| Some(d.algorithm));
                         let (alg, sched) = self.schedule_for(key.0.clone(), forced, c)?;
                         let plan = Planned {
                             alg,
                             sched,
-                            stream,
-                            cma,
+                            stream: tuned.is_some_and(|d| d.stream),
+                            cma: tuned.is_some_and(|d| d.cma),
                         };
                         if trial.is_none() && forced != c.algorithm {
                             // Decided online: remember it under the call's key.
@@ -540,23 +541,24 @@ impl Core {
         Ok(())
     }
 
-    /// The algorithm to run `c` with: the one forced for it, else online
-    /// tuning's decision for its shape, else (while its shape is being
-    /// tuned) the candidate to try, with the shape's key; `None`: the cost
-    /// model's pick.
+    /// Online tuning's choice for `c` (algorithm and twin): its shape's
+    /// decision, or (while the shape is being tuned) the candidate to try,
+    /// with the shape's key; `None` where online tuning has no say (an
+    /// algorithm forced for the call, which then runs as forced, or
+    /// tuning off: the cost model's pick).
     fn online_choice(
         &mut self,
         problem: &Problem,
         c: &OpCall,
         bytes: usize,
-    ) -> Result<(Option<Algorithm>, bool, bool, Option<ShapeKey>)> {
+    ) -> Result<(Option<crate::tune::Choice>, Option<ShapeKey>)> {
         if c.algorithm.is_some()
             || !self.config.online
             || c.vcounts.is_some()
             || c.coll.kind() == crate::algo::CollKind::SendRecv
             || self.nranks < 2
         {
-            return Ok((c.algorithm, false, false, None));
+            return Ok((None, None));
         }
         let key = (
             Problem {
@@ -570,7 +572,7 @@ impl Core {
             // are being tuned (one that repeats a call skips the tuner), so
             // past the bound new shapes get the cost model's pick.
             if self.shapes.len() >= MAX_SHAPES {
-                return Ok((None, false, false, None));
+                return Ok((None, None));
             }
             let cands = crate::tune::candidates(&key.0, c.dtype, &self.config.algo, &self.tune)?;
             let shape = if cands.len() < 2 {
@@ -587,15 +589,15 @@ impl Core {
         }
         let colls = self.colls;
         Ok(match self.shapes.get_mut(&key).expect("inserted above") {
-            Shape::Fixed(d) => (Some(d.algorithm), d.stream, d.cma, None),
+            Shape::Fixed(d) => (Some(*d), None),
             Shape::Tuned(t) => match (t.review_at, t.trials.decided()) {
-                (Some(_), Some(d)) => (Some(d.algorithm), d.stream, d.cma, None),
+                (Some(_), Some(d)) => (Some(d), None),
                 _ => {
                     if t.trials.fresh() {
                         t.stretch_from = colls;
                     }
                     let next = t.trials.next().0;
-                    (Some(next.algorithm), next.stream, next.cma, Some(key))
+                    (Some(next), Some(key))
                 }
             },
         })
@@ -879,19 +881,10 @@ fn op_tag(c: &OpCall) -> u16 {
 /// of place (whether a rank runs in place is its own affair), and the type.
 type ShapeKey = (Problem, DataType);
 
-/// A candidate's name in the debug log: its algorithm, `+stream` where its
-/// shared-memory sends stream, `+cma` where its large messages go direct
-/// (read with `process_vm_readv`).
+/// A candidate's name in the debug log: its algorithm and its twin
+/// ([`crate::tune::Choice::twin`]).
 fn plan_name(c: &crate::tune::Choice) -> String {
-    format!(
-        "{}{}",
-        c.algorithm.name(),
-        match (c.stream, c.cma) {
-            (true, _) => "+stream",
-            (_, true) => "+cma",
-            _ => "",
-        }
-    )
+    format!("{}{}", c.algorithm.name(), c.twin())
 }
 
 /// How a call shape runs: its algorithm, the schedule built for it, and

@@ -219,6 +219,19 @@ pub struct Choice {
     pub cma: bool,
 }
 
+impl Choice {
+    /// How the choice's name marks a twin of an algorithm (as `tutti perf`
+    /// and the debug log print it): `+stream` ([`Choice::stream`]), `+cma`
+    /// ([`Choice::cma`]), or nothing.
+    pub fn twin(&self) -> &'static str {
+        match (self.stream, self.cma) {
+            (true, _) => "+stream",
+            (_, true) => "+cma",
+            _ => "",
+        }
+    }
+}
+
 /// The cost model the simulation runs with: `ctx.model`, adjusted where
 /// ranks share cores.
 fn simulated_model(ctx: &TuneCtx) -> CostModel {
