@@ -350,6 +350,161 @@ fn online_reviews_agree_shm_4() {
     );
 }
 
+/// The first review's gap (in turns' spans) for `c`: from the share of a
+/// CPU its ranks get, as the communicator computes it.
+fn first_review_gap(c: &Communicator) -> usize {
+    let share = c
+        .topology()
+        .hosts
+        .iter()
+        .map(|h| {
+            let cpus = match h.cpus {
+                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+                n => n,
+            };
+            cpus as f64 / h.ranks.len() as f64
+        })
+        .fold(1.0, f64::min);
+    tutti::tune::online::review_gaps(share).0 as usize
+}
+
+/// Reviews are due by Auto's calls: calls that force an algorithm, here
+/// eight after each Auto call, do not bring them sooner (they did when
+/// every collective counted: a review's turn then came every two turns'
+/// worth of Auto's calls, not every 17).
+#[test]
+fn forced_calls_do_not_bring_reviews_sooner() {
+    use tutti::tune::online::{trials, TURNS, WATCH_MIN_BYTES};
+    common::threads(2, |c, _: &Ctx| {
+        let gap = first_review_gap(c);
+        // A shape too small to be watched (a watch brings reviews forward
+        // where the pick's time moves, as it may with the calls between).
+        let count = [2048, 4096, 8192, 12 << 10, 15 << 10]
+            .into_iter()
+            .filter(|&k| k * 4 < WATCH_MIN_BYTES)
+            .find(|&count| {
+                let mut x = vec![0f32; count];
+                c.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+                c.is_tuning(Collective::AllReduce, count, DataType::F32)
+            })
+            .expect("a tuned shape under 64 KiB");
+        let shape = (Collective::AllReduce, count, DataType::F32);
+        let mut x = vec![1f32; count];
+        // The first stretch: a warm-up block, then TURNS turns of a block
+        // per candidate (the call in tuned_count was its first).
+        let mut first = 1;
+        while c.is_tuning(shape.0, shape.1, shape.2) {
+            c.all_reduce(&mut x, ReduceOp::Max).unwrap();
+            first += 1;
+        }
+        let (lead, per) = trials(count * 4);
+        let span = (first - (lead + per)) / TURNS;
+        assert!(span >= 2 * (lead + per), "{first} calls, {span} a turn");
+        let forced = tutti::Options {
+            algorithm: Some(Algorithm::Ring),
+            timeout: None,
+        };
+        let mut auto = 0;
+        while c.tuning_reviews(shape.0, shape.1, shape.2) == 0 {
+            assert!(auto < 40 * span, "no review in {auto} calls");
+            c.all_reduce(&mut x, ReduceOp::Max).unwrap();
+            auto += 1;
+            for _ in 0..8 {
+                c.all_reduce_with(&mut x, ReduceOp::Max, &forced).unwrap();
+            }
+        }
+        assert_eq!(x, vec![1f32; count]);
+        // Due after `gap` turns' span of Auto's calls, then one turn.
+        assert!(
+            auto >= gap * span,
+            "the review ended after {auto} Auto calls, a turn {span}, count {count}"
+        );
+        // (The engine's span counts the first stretch's warm-up block too.)
+        let most = (gap + 2) * first.div_ceil(TURNS);
+        assert!(auto <= most, "{auto} Auto calls, at most {most}");
+    });
+}
+
+/// Between reviews the pick's calls are timed in windows; a window whose
+/// mean moved by more than a quarter from the first brings the review
+/// forward. Here a peer that comes late to every call (rank 1 sleeps
+/// before each) moves it: the review follows within a few windows' calls,
+/// not the 16 turns' span it is otherwise due after.
+fn moved_pick_reviewed(c: &Communicator) {
+    use tutti::tune::online::{trials, TURNS, WATCH_MIN_BYTES, WATCH_WINDOW};
+    {
+        let gap = first_review_gap(c);
+        let count = COUNTS
+            .into_iter()
+            .filter(|&k| k * 4 >= WATCH_MIN_BYTES)
+            .find(|&count| {
+                let mut x = vec![0f32; count];
+                c.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+                c.is_tuning(Collective::AllReduce, count, DataType::F32)
+            })
+            .expect("a tuned shape of 64 KiB or more");
+        let shape = (Collective::AllReduce, count, DataType::F32);
+        let mut x = vec![1f32; count];
+        let mut first = 1;
+        while c.is_tuning(shape.0, shape.1, shape.2) {
+            c.all_reduce(&mut x, ReduceOp::Max).unwrap();
+            first += 1;
+        }
+        let (lead, per) = trials(count * 4);
+        let span = (first - (lead + per)) / TURNS;
+        let window = WATCH_WINDOW * TURNS * per;
+        // A window of the pick's calls as they run (its baseline is the
+        // decision's time).
+        let t = std::time::Instant::now();
+        for _ in 0..window {
+            c.all_reduce(&mut x, ReduceOp::Max).unwrap();
+        }
+        assert_eq!(c.tuning_reviews(shape.0, shape.1, shape.2), 0);
+        // Rank 1 comes late by several times either: every rank's calls
+        // slow down (rank 0's wait), far beyond a quarter.
+        let mut late = [t.elapsed().as_secs_f64() / window as f64 * 1e6];
+        late[0] = late[0].max(c.plan(shape.0, shape.1, shape.2).unwrap().us);
+        c.all_reduce(&mut late, ReduceOp::Max).unwrap();
+        let late = std::time::Duration::from_micros((4.0 * late[0]) as u64 + 100);
+        let mut calls = 0;
+        while c.tuning_reviews(shape.0, shape.1, shape.2) == 0 {
+            assert!(
+                calls < 2 * window + 2 * span,
+                "no review in {calls} calls (a window {window}, a turn {span})"
+            );
+            if c.rank() == 1 {
+                std::thread::sleep(late);
+            }
+            c.all_reduce(&mut x, ReduceOp::Max).unwrap();
+            calls += 1;
+        }
+        assert_eq!(x, vec![1f32; count]);
+        assert!(2 * window + 2 * span < gap.max(16) * span);
+        // The calls after it run on (the AllReduce that agreed on the
+        // window's mean is not a call to repeat).
+        for _ in 0..8 {
+            c.all_reduce(&mut x, ReduceOp::Max).unwrap();
+        }
+        assert_eq!(x, vec![1f32; count]);
+    }
+}
+
+#[test]
+fn a_moved_pick_is_reviewed_soon_threads() {
+    common::threads(2, |c, _: &Ctx| moved_pick_reviewed(c));
+}
+
+#[test]
+fn a_moved_pick_is_reviewed_soon_shm_2() {
+    common::procs(
+        "a_moved_pick_is_reviewed_soon_shm_2",
+        2,
+        Transport::Shm,
+        &[],
+        |c, _: &Ctx| moved_pick_reviewed(c),
+    );
+}
+
 #[test]
 fn tune_once_does_not_review() {
     common::procs(

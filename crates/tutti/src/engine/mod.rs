@@ -13,11 +13,11 @@ use crate::comm::{Options, RawCall};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, ReduceOp};
-use crate::transport::mailbox::Mailbox;
+use crate::transport::mailbox::{Mailbox, MBOX_BYTES};
 use crate::transport::shm::Doorbell;
 use crate::transport::tcp_io::IoSet;
 use crate::transport::{make_tag, Link, StepCx};
-use crate::tune::online::Trials;
+use crate::tune::online::{Trials, Watch};
 use executor::{Buffers, Env, Scratchpad};
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
@@ -152,8 +152,14 @@ pub(crate) struct Core {
     seq: u64,
     /// Collectives run (send/recv excluded): what headers carry.
     coll_seq: u32,
-    /// Collectives run, not wrapping: online tuning's reviews are due by it.
-    colls: u64,
+    /// Collectives run with the algorithm left to the tuner (send/recv
+    /// excluded), not wrapping: online tuning's reviews are due by it.
+    /// Calls that force an algorithm do not count, so that a review's
+    /// calls stay the fraction of Auto's calls they are meant to be where
+    /// forced calls run between (a bench timing Auto against each algorithm
+    /// forced ran 6 forced calls to each of Auto's: reviews came 7 times as
+    /// often, and Auto timed 1.09x its own pick where it ran without them).
+    auto_colls: u64,
     /// The least collective number at which a shape's review is due
     /// ([`Core::start_reviews`]).
     review_from: u64,
@@ -238,7 +244,7 @@ impl Core {
             tune: crate::tune::TuneCtx::single_host(nranks),
             last: None,
             shapes: HashMap::new(),
-            colls: 0,
+            auto_colls: 0,
             review_from: u64::MAX,
             mailbox,
             repeat: None,
@@ -450,12 +456,12 @@ impl Core {
         }
         let bytes = c.count * esz;
         // A review is due: the shapes due leave the paths that skip the tuner.
-        let repeat = repeat && self.colls < self.review_from;
-        if self.colls >= self.review_from {
+        let repeat = repeat && self.auto_colls < self.review_from;
+        if self.auto_colls >= self.review_from {
             self.start_reviews();
         }
         if repeat {
-            let coll_seq = self.next_coll_seq(c.coll);
+            let coll_seq = self.next_coll_seq(c);
             // The last call's plan (a repeat follows a call that ran in
             // one shot on its plan, not a trial's).
             let planned = self.last.as_ref().is_some_and(|l| l.2.stream);
@@ -492,8 +498,9 @@ impl Core {
                         plan.clone()
                     }
                     None => {
-                        let tuned;
-                        (tuned, trial) = self.online_choice(&key.0, c, bytes)?;
+                        let online = self.online_choice(&key.0, c, bytes)?;
+                        let tuned = online.choice;
+                        trial = online.trial;
                         let forced = tuned.map_or(c.algorithm, |d| Some(d.algorithm));
                         let (alg, sched) = self.schedule_for(key.0.clone(), forced, c)?;
                         let plan = Planned {
@@ -501,6 +508,7 @@ impl Core {
                             sched,
                             stream: tuned.is_some_and(|d| d.stream),
                             cma: tuned.is_some_and(|d| d.cma),
+                            watch: online.watch,
                         };
                         if trial.is_none() && forced != c.algorithm {
                             // Decided online: remember it under the call's key.
@@ -514,7 +522,7 @@ impl Core {
             }
         };
         let alg = plan.alg;
-        let coll_seq = self.next_coll_seq(c.coll);
+        let coll_seq = self.next_coll_seq(c);
         let start = Instant::now();
         if alg == Algorithm::Direct
             && self.mailbox.is_some()
@@ -528,6 +536,16 @@ impl Core {
             self.run_schedule(c, seq, coll_seq, &plan, abort)?;
         }
         self.finish_avg(c)?;
+        if let Some(w) = &plan.watch {
+            if w.lock().add(start.elapsed().as_secs_f64()) {
+                let ran = self.oneshot_ran;
+                self.watch_done(w, abort)?;
+                // As after a trial: the AllReduce inside is not this call
+                // (whose repeats must not take the mailboxes' path).
+                self.recorder.set_algorithm(alg.name());
+                self.oneshot_ran = ran;
+            }
+        }
         if let Some(key) = trial {
             self.trial_done(key, start.elapsed().as_secs_f64(), abort)?;
             // The flight recorder shows this call's algorithm, not that of
@@ -546,19 +564,19 @@ impl Core {
     /// with the shape's key; `None` where online tuning has no say (an
     /// algorithm forced for the call, which then runs as forced, or
     /// tuning off: the cost model's pick).
-    fn online_choice(
-        &mut self,
-        problem: &Problem,
-        c: &OpCall,
-        bytes: usize,
-    ) -> Result<(Option<crate::tune::Choice>, Option<ShapeKey>)> {
+    fn online_choice(&mut self, problem: &Problem, c: &OpCall, bytes: usize) -> Result<Online> {
+        let none = Online {
+            choice: None,
+            trial: None,
+            watch: None,
+        };
         if c.algorithm.is_some()
             || !self.config.online
             || c.vcounts.is_some()
             || c.coll.kind() == crate::algo::CollKind::SendRecv
             || self.nranks < 2
         {
-            return Ok((None, None));
+            return Ok(none);
         }
         let key = (
             Problem {
@@ -572,32 +590,50 @@ impl Core {
             // are being tuned (one that repeats a call skips the tuner), so
             // past the bound new shapes get the cost model's pick.
             if self.shapes.len() >= MAX_SHAPES {
-                return Ok((None, None));
+                return Ok(none);
             }
             let cands = crate::tune::candidates(&key.0, c.dtype, &self.config.algo, &self.tune)?;
             let shape = if cands.len() < 2 {
                 Shape::Fixed(cands[0])
             } else {
+                let watched = self.config.review && bytes >= crate::tune::online::WATCH_MIN_BYTES;
                 Shape::Tuned(Tuning {
                     trials: Trials::new(cands, bytes),
                     review_at: None,
                     gap: crate::tune::online::REVIEW_GAP,
                     stretch_from: 0,
+                    watch: watched.then(|| {
+                        Arc::new(Watched {
+                            key: key.clone(),
+                            watch: Mutex::new(Watch::new(bytes)),
+                        })
+                    }),
                 })
             };
             self.shapes.insert(key.clone(), shape);
         }
-        let colls = self.colls;
+        let colls = self.auto_colls;
         Ok(match self.shapes.get_mut(&key).expect("inserted above") {
-            Shape::Fixed(d) => (Some(*d), None),
+            Shape::Fixed(d) => Online {
+                choice: Some(*d),
+                ..none
+            },
             Shape::Tuned(t) => match (t.review_at, t.trials.decided()) {
-                (Some(_), Some(d)) => (Some(d), None),
+                (Some(_), Some(d)) => Online {
+                    choice: Some(d),
+                    watch: t.watch.clone(),
+                    ..none
+                },
                 _ => {
                     if t.trials.fresh() {
                         t.stretch_from = colls;
                     }
                     let next = t.trials.next().0;
-                    (Some(next), Some(key))
+                    Online {
+                        choice: Some(next),
+                        trial: Some(key),
+                        ..none
+                    }
                 }
             },
         })
@@ -610,7 +646,7 @@ impl Core {
     /// Every rank gets here at the same collective.
     #[cold]
     fn start_reviews(&mut self) {
-        let now = self.colls;
+        let now = self.auto_colls;
         let mut next = u64::MAX;
         for s in self.shapes.values_mut() {
             if let Shape::Tuned(t) = s {
@@ -641,19 +677,28 @@ impl Core {
         let cands = t.trials.candidates().to_vec();
         let mut us = t.trials.means_us();
         self.all_max(&mut us, abort)?;
-        let colls = self.colls;
+        let colls = self.auto_colls;
         let Some(Shape::Tuned(t)) = self.shapes.get_mut(&key) else {
             unreachable!("a shape is never forgotten");
         };
-        let (d, turns, changed) = t.trials.agreed(&us);
+        let crate::tune::online::Agreed {
+            pick: d,
+            turns,
+            changed,
+            moved,
+        } = t.trials.agreed(&us);
+        if let Some(w) = &t.watch {
+            w.lock().restart(d.us, !changed);
+        }
         let reviews = t.trials.reviews();
-        // The next review: REVIEW_GAP times a turn's span in collectives
-        // (the same count on every rank), doubling while reviews keep the
-        // pick.
-        use crate::tune::online::{REVIEW_GAP, REVIEW_GAP_MAX};
-        t.gap = match (reviews, changed) {
-            (0, _) | (_, true) => REVIEW_GAP,
-            _ => (t.gap * 2).min(REVIEW_GAP_MAX),
+        // The next review: REVIEW_GAP times a turn's span in Auto's
+        // collectives (the same count on every rank), doubling while
+        // reviews keep the pick or change it for little.
+        let (first, most) = crate::tune::online::review_gaps(self.tune.cpu_share);
+        t.gap = if reviews == 0 || moved {
+            first
+        } else {
+            (t.gap * 2).min(most)
         };
         let span = (colls - t.stretch_from) / turns as u64;
         let at = if self.config.review {
@@ -681,6 +726,35 @@ impl Core {
             changed,
             "online tuning"
         );
+        Ok(())
+    }
+
+    /// After a call of a watched shape's decision that filled its window:
+    /// the ranks agree on the window's mean (the maximum over ranks), and
+    /// where it moved from the baseline the shape's review is due now (at
+    /// its next call, on every rank alike).
+    #[cold]
+    fn watch_done(&mut self, w: &Watched, abort: &AtomicBool) -> Result<()> {
+        let mut us = [w.lock().mean_us()];
+        self.all_max(&mut us, abort)?;
+        if !w.lock().agreed(us[0]) {
+            return Ok(());
+        }
+        let now = self.auto_colls;
+        if let Some(Shape::Tuned(t)) = self.shapes.get_mut(&w.key) {
+            if t.review_at.is_some() {
+                t.review_at = Some(now);
+                t.gap = crate::tune::online::review_gaps(self.tune.cpu_share).0;
+                self.review_from = now;
+                tracing::debug!(
+                    rank = self.rank,
+                    coll = w.key.0.coll.kind().name(),
+                    count = w.key.0.count,
+                    us = us[0],
+                    "online tuning: the pick's time moved, review"
+                );
+            }
+        }
         Ok(())
     }
 
@@ -714,13 +788,13 @@ impl Core {
 
     /// What ring headers of the next op carry: the collective number (which
     /// this advances), or [`P2P_SEQ`](crate::transport::P2P_SEQ).
-    fn next_coll_seq(&mut self, coll: Collective) -> u32 {
-        if coll.kind() == crate::algo::CollKind::SendRecv {
+    fn next_coll_seq(&mut self, c: &OpCall) -> u32 {
+        if c.coll.kind() == crate::algo::CollKind::SendRecv {
             crate::transport::P2P_SEQ
         } else {
             let s = self.coll_seq;
             self.coll_seq = self.coll_seq.wrapping_add(1) % crate::transport::P2P_SEQ;
-            self.colls += 1;
+            self.auto_colls += u64::from(c.algorithm.is_none());
             s
         }
     }
@@ -777,6 +851,7 @@ impl Core {
                 sched: s.clone(),
                 stream: false,
                 cma: false,
+                watch: None,
             },
         );
         self.recorder.set_algorithm(alg.name());
@@ -898,6 +973,38 @@ struct Planned {
     sched: Arc<Schedule>,
     stream: bool,
     cma: bool,
+    /// Online tuning's watch over its shape, where it decided this plan
+    /// and watches the shape ([`tune::online::Watch`](crate::tune::online::Watch)).
+    watch: Option<Arc<Watched>>,
+}
+
+/// Every rank times a watched shape's calls alike, so they fill a window at
+/// the same call: watched calls never take the mailbox repeat path, which
+/// skips the clock and is taken by some ranks and not others.
+const _: () = assert!(crate::tune::online::WATCH_MIN_BYTES > MBOX_BYTES);
+
+/// A tuned shape's [`Watch`], shared by the shape and the plans that run
+/// its decision, so that a call that skips the tuner still counts.
+struct Watched {
+    key: ShapeKey,
+    watch: Mutex<Watch>,
+}
+
+impl Watched {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Watch> {
+        self.watch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Online tuning's say in a call ([`Core::online_choice`]).
+struct Online {
+    /// The decision, or the candidate to try; `None` where online tuning
+    /// has no say.
+    choice: Option<crate::tune::Choice>,
+    /// The shape, while its trials run (the call is a trial).
+    trial: Option<ShapeKey>,
+    /// The shape's watch, where the call runs its decision.
+    watch: Option<Arc<Watched>>,
 }
 
 /// Online tuning's state for one call shape.
@@ -919,6 +1026,10 @@ struct Tuning {
     gap: u64,
     /// The collective number at the current stretch's first call.
     stretch_from: u64,
+    /// Times the decision's calls between reviews (calls of at least
+    /// [`WATCH_MIN_BYTES`](crate::tune::online::WATCH_MIN_BYTES), reviews
+    /// on).
+    watch: Option<Arc<Watched>>,
 }
 
 /// Shapes online tuning keeps apart; calls of further shapes get the cost

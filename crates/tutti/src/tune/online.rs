@@ -60,22 +60,32 @@
 //! after the trials measured it (4 ranks on 2 cores, Reduce of 256 KiB:
 //! the tree at 29-32 us a call for 18 rounds of a bench, then 44-52 us,
 //! while the ring went back to 33-35), so a decision is not final. Once
-//! [`REVIEW_GAP`] times as many collectives as a turn spanned have run on
-//! the communicator since the decision, the shape's next calls take one
-//! more turn (a block of each candidate, no warm-up), the ranks agree on
-//! its times as before, and the decision is made again on the last
-//! [`TURNS`] turns, against the current pick (kept unless another is more
-//! than [`KEEP_PICK`] faster). Each review that keeps the pick doubles the
-//! gap to the next, up to [`REVIEW_GAP_MAX`]; one that changes it resets
-//! the gap. A review is due by the communicator's count of collectives,
-//! which every rank keeps alike, so it starts at the same call everywhere
-//! (the engine then clears its paths that skip the tuner). What a review
-//! costs is the time its other candidates' blocks take beyond the pick's:
-//! one turn in every 17 turns' worth of the shape's calls at first, one in
-//! 129 after three reviews that kept the pick (as a fraction of the
-//! shape's own calls, the same where other shapes' calls run between: they
-//! stretch the turn's span and the gap alike). `TUTTI_TUNE=once` keeps the
-//! first decision.
+//! [`REVIEW_GAP`] times as many of Auto's collectives as a turn spanned
+//! have run on the communicator since the decision, the shape's next calls
+//! take one more turn (a block of each candidate, no warm-up), the ranks
+//! agree on its times as before, and the decision is made again on the
+//! last [`TURNS`] turns, against the current pick (kept unless another is
+//! more than [`KEEP_PICK`] faster). Each review that keeps the pick, or
+//! changes it for one less than [`RESET_GAIN`] faster, doubles the gap to
+//! the next, up to [`REVIEW_GAP_MAX`]; one that changes it for more resets
+//! the gap. A review is due by the communicator's count of the collectives
+//! that left the algorithm to the tuner (calls with an algorithm forced do
+//! not count), which every rank keeps alike, so it starts at the same call
+//! everywhere (the engine then clears its paths that skip the tuner). What
+//! a review costs is the time its other candidates' blocks take beyond the
+//! pick's: one turn in every 17 turns' worth of the shape's calls at
+//! first, one in 129 after three reviews that kept the pick (3 and 17
+//! where ranks share cores, [`review_gaps`]; as a fraction
+//! of the shape's own calls, the same where other shapes' Auto calls run
+//! between: they stretch the turn's span and the gap alike; forced calls
+//! would stretch only the gap). Between reviews, the pick's own calls of
+//! [`WATCH_MIN_BYTES`] or more are timed in windows ([`Watch`]): two
+//! windows in a row whose mean (agreed by the ranks) is more than
+//! [`WATCH_CHANGE`] away from the pick's time in its trials bring the
+//! review forward to the shape's next call, so that a change of the
+//! machine is followed within a few windows rather than up to 128 turns'
+//! worth of calls later. `TUTTI_TUNE=once` keeps the first decision (and
+//! watches nothing).
 //!
 //! Every rank sees the same shapes in the same order and prices them alike
 //! (that is what lets the model choose without talking), so every rank
@@ -125,6 +135,52 @@ pub const REVIEW_GAP: u64 = 16;
 /// many times a turn's span; one that changes it goes back to
 /// [`REVIEW_GAP`].
 pub const REVIEW_GAP_MAX: u64 = 128;
+
+/// [`REVIEW_GAP`] and [`REVIEW_GAP_MAX`] where ranks share cores (more
+/// ranks on a host than it has CPUs): there the fastest algorithm changes
+/// more often. `bench/auto_vs_forced.sh 4` (all five collectives, 64 KiB
+/// to 64 MiB, 30 cells a run) runs 4-6 forced calls to each of Auto's;
+/// while reviews were due by all collectives they came about this often
+/// there, and Auto was over 1.10x the best forced time in 15 cells of 6
+/// runs; with the gaps counted in Auto's calls alone and (16, 128), in 25
+/// of 6 runs alternated with those; with these gaps, 7 of 3 runs against
+/// 5 (2026-12-02; the machine's noise is about as large as the
+/// differences).
+pub const REVIEW_GAPS_SHARED: (u64, u64) = (2, 16);
+
+/// The gap to the first review and the most between reviews (in turns'
+/// spans of Auto's collectives), as `cpu_share` (the CPUs a rank has on
+/// its host, [`crate::tune::TuneCtx::cpu_share`]) says.
+pub fn review_gaps(cpu_share: f64) -> (u64, u64) {
+    if cpu_share < 1.0 {
+        REVIEW_GAPS_SHARED
+    } else {
+        (REVIEW_GAP, REVIEW_GAP_MAX)
+    }
+}
+
+/// A review that changes the pick brings the gap to the next back to
+/// [`REVIEW_GAP`] only where the new pick beats the old by more than this
+/// fraction (scored as [`decide`] scores, paired by turn); a smaller change
+/// doubles the gap as a kept pick does. Between candidates within a few
+/// percent of each other the pick changes with the noise of the turns,
+/// which says nothing of a machine that changed, and resetting on every
+/// change kept reviews at their most frequent.
+pub const RESET_GAIN: f64 = 0.10;
+
+/// What a stretch's end decided ([`Trials::agreed`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Agreed {
+    /// The pick, its `us` the mean time over the turns decided on.
+    pub pick: Choice,
+    /// Turns in the stretch that ended.
+    pub turns: usize,
+    /// A review changed the pick.
+    pub changed: bool,
+    /// A review changed the pick to one faster by more than
+    /// [`RESET_GAIN`].
+    pub moved: bool,
+}
 
 /// Untimed and timed calls in a candidate's block (one per turn) for a
 /// call of `bytes` bytes (count x element size, as the engine counts a
@@ -268,10 +324,8 @@ impl Trials {
     /// Ends the stretch with `us`, its times as the ranks agreed on them
     /// (the maximum over ranks of [`means_us`](Trials::means_us)): decides
     /// on the last [`TURNS`] turns, against the current pick (the model's
-    /// at first), and makes the next stretch a review of one turn. Returns
-    /// the decision, the stretch's turns and whether a review changed the
-    /// pick.
-    pub(crate) fn agreed(&mut self, us: &[f64]) -> (Choice, usize, bool) {
+    /// at first), and makes the next stretch a review of one turn.
+    pub(crate) fn agreed(&mut self, us: &[f64]) -> Agreed {
         let k = self.cands.len();
         let stretch = self.turns();
         self.history.extend_from_slice(us);
@@ -289,7 +343,14 @@ impl Trials {
         self.calls = 0;
         self.secs = vec![0.0; k];
         let changed = before.is_some_and(|b| b != best);
-        (self.decided().expect("just decided"), stretch, changed)
+        let moved =
+            before.is_some_and(|b| paired(&self.history, k, best, b) * (1.0 + RESET_GAIN) < 1.0);
+        Agreed {
+            pick: self.decided().expect("just decided"),
+            turns: stretch,
+            changed,
+            moved,
+        }
     }
 
     /// The decision, once there is one; its `us` is the winner's mean time
@@ -312,6 +373,118 @@ impl Trials {
     }
 }
 
+/// Calls of at least this many bytes are watched between reviews
+/// ([`Watch`]); smaller ones run through the mailboxes, whose repeated
+/// calls skip the tuner (and the clock), and take microseconds, in which
+/// the clock's reads would weigh.
+pub const WATCH_MIN_BYTES: usize = 64 << 10;
+
+/// A watched shape's window holds this many times as many calls as each
+/// candidate's timed calls in a decision ([`TURNS`] blocks).
+pub const WATCH_WINDOW: usize = 2;
+
+/// A window whose mean time per call differs from the baseline by more
+/// than this fraction (either way), twice in a row, brings the next review
+/// forward to the shape's next call.
+pub const WATCH_CHANGE: f64 = 0.25;
+
+/// Between reviews, the pick's own calls are timed in windows of
+/// [`WATCH_WINDOW`] x [`TURNS`] x the timed calls of a block, and the ranks
+/// agree on each window's mean (the maximum over ranks, one small
+/// AllReduce a window). The baseline is the pick's time in the turns it
+/// was decided on; two windows in a row more than [`WATCH_CHANGE`] away
+/// from it (slower or faster) say the machine changed, and the shape is
+/// reviewed at its next call, as a review that was due. Where such a review
+/// keeps the pick, the pick's calls run at another speed than its trials
+/// measured, and the first window after it is the baseline instead (else
+/// the watch would review again and again).
+///
+/// Why: the fastest algorithm changes with the machine's state, and
+/// between scheduled reviews, up to 128 turns' worth of calls apart, Auto
+/// kept a pick that had become slow (2 ranks, each on its own CPU:
+/// AllReduce of 1-64 MiB with streaming stores picked while the two CPUs
+/// were far apart, at 0.5x the other algorithms' time, then 1.1-2.05x its
+/// cached twin's once they were close). Why the decision's time and not
+/// the first window: the state changed between the trials and the first
+/// window, and the watch saw nothing (the same, AllReduce of 4 MiB, 1.49x
+/// the best). Why two windows: with one, 2 ranks with 8 forced calls
+/// between Auto's AllReduce calls of 64 KiB were reviewed every 6-12
+/// windows with nothing changed but the noise. The cost is a clock read a
+/// call and an AllReduce of one number a window.
+#[derive(Clone, Debug)]
+pub(crate) struct Watch {
+    /// Calls a window holds.
+    window: usize,
+    /// Calls in the current window, and their seconds.
+    calls: usize,
+    secs: f64,
+    /// The pick's time (us a call) the windows are held against; `None`:
+    /// the next window's.
+    baseline: Option<f64>,
+    /// The last window moved from the baseline: one more that does asks
+    /// for a review.
+    moved: bool,
+    /// The review now running (or last ended) is this watch's.
+    asked: bool,
+}
+
+impl Watch {
+    /// A watch for calls of `bytes` bytes.
+    pub(crate) fn new(bytes: usize) -> Watch {
+        Watch {
+            window: WATCH_WINDOW * TURNS * trials(bytes).1,
+            calls: 0,
+            secs: 0.0,
+            baseline: None,
+            moved: false,
+            asked: false,
+        }
+    }
+
+    /// Adds a call of the pick that took `secs` here. True once the window
+    /// is full: the ranks then agree on [`mean_us`](Watch::mean_us) and
+    /// pass the result to [`agreed`](Watch::agreed).
+    pub(crate) fn add(&mut self, secs: f64) -> bool {
+        self.calls += 1;
+        self.secs += secs;
+        self.calls >= self.window
+    }
+
+    /// This rank's mean time per call in the window (us).
+    pub(crate) fn mean_us(&self) -> f64 {
+        self.secs / self.calls.max(1) as f64 * 1e6
+    }
+
+    /// Ends the window with `us`, its mean as the ranks agreed on it. True
+    /// where it and the window before moved more than [`WATCH_CHANGE`]
+    /// from the baseline: the shape is to be reviewed.
+    pub(crate) fn agreed(&mut self, us: f64) -> bool {
+        self.calls = 0;
+        self.secs = 0.0;
+        let Some(b) = self.baseline else {
+            self.baseline = Some(us);
+            return false;
+        };
+        let moved = us > b * (1.0 + WATCH_CHANGE) || us * (1.0 + WATCH_CHANGE) < b;
+        let review = moved && self.moved;
+        self.moved = moved && !review;
+        self.asked = review;
+        review
+    }
+
+    /// A stretch of trials ended with the pick taking `us` a call in the
+    /// turns decided on (`kept`: the pick before it stays): that is the
+    /// next windows' baseline, unless this watch asked for the review and
+    /// the pick stayed (then the next window's).
+    pub(crate) fn restart(&mut self, us: f64, kept: bool) {
+        self.calls = 0;
+        self.secs = 0.0;
+        self.baseline = (!(self.asked && kept)).then_some(us);
+        self.moved = false;
+        self.asked = false;
+    }
+}
+
 /// The winner (an index) among `k` candidates given `us`, the time per
 /// call of each in each turn (`turn * k + candidate`; the maximum over
 /// ranks of each rank's mean), against candidate `reference` (the current
@@ -321,21 +494,25 @@ impl Trials {
 /// the reference (score 1) unless another is faster by more than
 /// [`KEEP_PICK`].
 pub(crate) fn decide(us: &[f64], k: usize, reference: usize) -> usize {
-    let turns = us.len() / k;
-    let score = |c: usize| {
-        let mut r: Vec<f64> = (0..turns)
-            .map(|t| us[t * k + c] / us[t * k + reference])
-            .map(|x| if x.is_nan() { f64::INFINITY } else { x })
-            .collect();
-        r.sort_by(f64::total_cmp);
-        r[turns / 2]
-    };
     (0..k)
         .filter(|&c| c != reference)
-        .map(|c| (c, score(c)))
+        .map(|c| (c, paired(us, k, c, reference)))
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .filter(|&(_, x)| x * (1.0 + KEEP_PICK) < 1.0)
         .map_or(reference, |(c, _)| c)
+}
+
+/// Candidate `c`'s score against candidate `reference` given `us` (as for
+/// [`decide`]): the median over turns of its time over the reference's in
+/// the same turn; not a number counts as infinitely slow.
+fn paired(us: &[f64], k: usize, c: usize, reference: usize) -> f64 {
+    let turns = us.len() / k;
+    let mut r: Vec<f64> = (0..turns)
+        .map(|t| us[t * k + c] / us[t * k + reference])
+        .map(|x| if x.is_nan() { f64::INFINITY } else { x })
+        .collect();
+    r.sort_by(f64::total_cmp);
+    r[turns / 2]
 }
 
 #[cfg(test)]
@@ -441,10 +618,10 @@ mod tests {
         // The first stretch: the ring fastest.
         let ring_fast = |c: usize| [1.0, 2.0, 3.0][c];
         assert_eq!(run_stretch(&mut t, ring_fast), (1 + TURNS * 3) * block);
-        let (d, turns, changed) = t.agreed(&t.means_us());
+        let a = t.agreed(&t.means_us());
         assert_eq!(
-            (d.algorithm, d.us, turns, changed),
-            (Algorithm::Ring, 1e6, TURNS, false)
+            (a.pick.algorithm, a.pick.us, a.turns, a.changed, a.moved),
+            (Algorithm::Ring, 1e6, TURNS, false, false)
         );
         assert_eq!(t.reviews(), 0);
         // A review: one turn, no warm-up, starting where the rotation left
@@ -455,21 +632,93 @@ mod tests {
         // (median over the last TURNS turns), a second is.
         let tree_fast = |c: usize| [2.0, 1.0, 3.0][c];
         assert_eq!(run_stretch(&mut t, tree_fast), 3 * block);
-        let (d, turns, changed) = t.agreed(&t.means_us());
-        assert_eq!((d.algorithm, turns, changed), (Algorithm::Ring, 1, false));
-        run_stretch(&mut t, tree_fast);
-        let (d, _, changed) = t.agreed(&t.means_us());
+        let a = t.agreed(&t.means_us());
         assert_eq!(
-            (d.algorithm, d.us, changed),
-            (Algorithm::Tree, 4e6 / 3.0, true)
+            (a.pick.algorithm, a.turns, a.changed),
+            (Algorithm::Ring, 1, false)
+        );
+        run_stretch(&mut t, tree_fast);
+        let a = t.agreed(&t.means_us());
+        // Twice as fast: a change that resets the gap to the next review.
+        assert_eq!(
+            (a.pick.algorithm, a.pick.us, a.changed, a.moved),
+            (Algorithm::Tree, 4e6 / 3.0, true, true)
         );
         assert_eq!(t.reviews(), 2);
         // Back and forth by 2%: the pick (now the tree) stays.
         for _ in 0..TURNS {
             run_stretch(&mut t, |c| [0.98, 1.0, 3.0][c]);
-            let (d, _, changed) = t.agreed(&t.means_us());
-            assert_eq!((d.algorithm, changed), (Algorithm::Tree, false));
+            let a = t.agreed(&t.means_us());
+            assert_eq!((a.pick.algorithm, a.changed), (Algorithm::Tree, false));
         }
+        // The ring 5% faster: it becomes the pick once it has the median
+        // turn, but by too little to count as a machine that moved.
+        for i in 0..TURNS {
+            run_stretch(&mut t, |c| [0.95, 1.0, 3.0][c]);
+            let a = t.agreed(&t.means_us());
+            assert_eq!((a.changed, a.moved), (i == TURNS / 2, false), "{i}");
+        }
+        assert_eq!(t.decided().unwrap().algorithm, Algorithm::Ring);
+    }
+
+    #[test]
+    fn a_watch_reviews_when_the_pick_slows_or_speeds_by_a_quarter() {
+        let bytes = 1 << 20;
+        let mut w = Watch::new(bytes);
+        let window = WATCH_WINDOW * TURNS * trials(bytes).1;
+        assert_eq!(window, 60);
+        // Decided at 100 us a call: the baseline.
+        w.restart(100.0, true);
+        for i in 0..window {
+            assert_eq!(w.add(100e-6), i == window - 1);
+        }
+        assert!((w.mean_us() - 100.0).abs() < 1e-9);
+        // Within a quarter either way: no review; the agreed mean counts,
+        // not this rank's.
+        for us in [100.0, 124.0, 81.0, 100.0, 124.0] {
+            for _ in 0..window {
+                w.add(500e-6);
+            }
+            assert!(!w.agreed(us), "{us}");
+        }
+        // One window slower by more than a quarter, then one within: no
+        // review (noise).
+        assert!(!w.agreed(126.0));
+        assert!(!w.agreed(110.0));
+        // Two in a row, slower then faster: review.
+        assert!(!w.agreed(130.0));
+        assert!(w.agreed(79.0));
+        // The review keeps the pick, decided at 100 us again: the calls
+        // run at another speed than the trials, so the next window (130)
+        // is the baseline, and 130 and 150 are within a quarter of it.
+        w.restart(100.0, true);
+        for us in [130.0, 130.0, 150.0, 130.0] {
+            assert!(!w.agreed(us), "{us}");
+        }
+        // Faster by more than a quarter (100 over 130), twice: review.
+        assert!(!w.agreed(100.0));
+        assert!(w.agreed(100.0));
+        // This time the review changes the pick: its trial time (50) is
+        // the baseline.
+        w.restart(50.0, false);
+        assert!(!w.agreed(70.0));
+        assert!(w.agreed(70.0));
+        // That review changes the pick again (to one at 60 us); then a
+        // review that was due (not the watch's) keeps it: its trial time
+        // is the baseline, and a moved window before it does not count.
+        w.restart(60.0, false);
+        assert!(!w.agreed(30.0));
+        w.add(1.0);
+        w.restart(100.0, true);
+        assert!(!w.agreed(30.0));
+        assert!(w.agreed(30.0));
+    }
+
+    #[test]
+    fn reviews_come_sooner_where_ranks_share_cores() {
+        assert_eq!(review_gaps(1.0), (REVIEW_GAP, REVIEW_GAP_MAX));
+        assert_eq!(review_gaps(0.5), REVIEW_GAPS_SHARED);
+        assert!(REVIEW_GAPS_SHARED.0 < REVIEW_GAP && REVIEW_GAPS_SHARED.1 < REVIEW_GAP_MAX);
     }
 
     #[test]
