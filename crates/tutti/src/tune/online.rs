@@ -79,7 +79,7 @@
 //! of the shape's own calls, the same where other shapes' Auto calls run
 //! between: they stretch the turn's span and the gap alike; forced calls
 //! would stretch only the gap). Between reviews, the pick's own calls of
-//! [`WATCH_MIN_BYTES`] or more are timed in windows ([`Watch`]): two
+//! [`WATCH_MIN_BYTES`] or more are timed in windows (`Watch`): two
 //! windows in a row whose mean (agreed by the ranks) is more than
 //! [`WATCH_CHANGE`] away from the pick's time in its trials bring the
 //! review forward to the shape's next call, so that a change of the
@@ -161,7 +161,7 @@ pub fn review_gaps(cpu_share: f64) -> (u64, u64) {
 
 /// A review that changes the pick brings the gap to the next back to
 /// [`REVIEW_GAP`] only where the new pick beats the old by more than this
-/// fraction (scored as [`decide`] scores, paired by turn); a smaller change
+/// fraction (scored as `decide` scores, paired by turn); a smaller change
 /// doubles the gap as a kept pick does. Between candidates within a few
 /// percent of each other the pick changes with the noise of the turns,
 /// which says nothing of a machine that changed, and resetting on every
@@ -374,7 +374,7 @@ impl Trials {
 }
 
 /// Calls of at least this many bytes are watched between reviews
-/// ([`Watch`]); smaller ones run through the mailboxes, whose repeated
+/// (the engine's `Watch`); smaller ones run through the mailboxes, whose repeated
 /// calls skip the tuner (and the clock), and take microseconds, in which
 /// the clock's reads would weigh.
 pub const WATCH_MIN_BYTES: usize = 64 << 10;
