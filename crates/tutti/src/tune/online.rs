@@ -373,10 +373,10 @@ impl Trials {
     }
 }
 
-/// Calls of at least this many bytes are watched between reviews
-/// (the engine's `Watch`); smaller ones run through the mailboxes, whose repeated
-/// calls skip the tuner (and the clock), and take microseconds, in which
-/// the clock's reads would weigh.
+/// Calls of at least this many bytes are watched between reviews (the
+/// engine's `Watch`); smaller ones run through the mailboxes, whose
+/// repeated calls skip the tuner (and the clock), and take microseconds,
+/// in which the clock's reads would weigh.
 pub const WATCH_MIN_BYTES: usize = 64 << 10;
 
 /// A watched shape's window holds this many times as many calls as each
@@ -405,9 +405,11 @@ pub const WATCH_CHANGE: f64 = 0.25;
 /// AllReduce of 1-64 MiB with streaming stores picked while the two CPUs
 /// were far apart, at 0.5x the other algorithms' time, then 1.1-2.05x its
 /// cached twin's once they were close). Why the decision's time and not
-/// the first window: the state changed between the trials and the first
-/// window, and the watch saw nothing (the same, AllReduce of 4 MiB, 1.49x
-/// the best). Why two windows: with one, 2 ranks with 8 forced calls
+/// the first window: where the state changes between the trials and the
+/// first window, the first window already has the new speed (a build that
+/// took it as the baseline kept the streaming AllReduce of 4 MiB at 1.49x
+/// the best through a run whose state changed from far apart to close
+/// during its AllReduce sizes). Why two windows: with one, 2 ranks with 8 forced calls
 /// between Auto's AllReduce calls of 64 KiB were reviewed every 6-12
 /// windows with nothing changed but the noise. The cost is a clock read a
 /// call and an AllReduce of one number a window.
