@@ -350,22 +350,9 @@ fn online_reviews_agree_shm_4() {
     );
 }
 
-/// The first review's gap (in turns' spans) for `c`: from the share of a
-/// CPU its ranks get, as the communicator computes it.
+/// The first review's gap (in turns' spans) for `c`.
 fn first_review_gap(c: &Communicator) -> usize {
-    let share = c
-        .topology()
-        .hosts
-        .iter()
-        .map(|h| {
-            let cpus = match h.cpus {
-                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-                n => n,
-            };
-            cpus as f64 / h.ranks.len() as f64
-        })
-        .fold(1.0, f64::min);
-    tutti::tune::online::review_gaps(share).0 as usize
+    tutti::tune::online::review_gaps(c.topology().cpu_share()).0 as usize
 }
 
 /// The first of `counts` whose AllReduce online tuning tries candidates

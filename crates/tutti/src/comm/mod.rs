@@ -92,26 +92,6 @@ pub(crate) fn keep_rescue(core: &mut Core, l: Option<&std::net::TcpListener>) {
     }
 }
 
-/// The share of a core each rank gets on the most crowded host (at most 1):
-/// from the CPUs every host reported at set-up, the same on every rank, so
-/// that all ranks price calls alike (hosts with different core counts used
-/// to give different shares, and so different algorithms). A host that did
-/// not report its CPUs (ranks that are threads of this process) counts
-/// this machine's.
-pub(crate) fn cpu_share(topo: &Topology) -> f64 {
-    topo.hosts
-        .iter()
-        .map(|h| {
-            let cpus = if h.cpus > 0 {
-                h.cpus
-            } else {
-                crate::transport::sys::online_cpus()
-            };
-            cpus as f64 / h.ranks.len() as f64
-        })
-        .fold(1.0, f64::min)
-}
-
 /// The tuner's view of a communicator.
 pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate::tune::TuneCtx {
     crate::tune::TuneCtx {
@@ -124,7 +104,7 @@ pub(crate) fn tune_ctx(topo: &Topology, config: &Config, threads: bool) -> crate
             && config.transport != crate::config::TransportChoice::Tcp
             && topo.host_of.len() > 1
             && topo.host_of.iter().all(|&h| h == topo.host_of[0]),
-        cpu_share: cpu_share(topo),
+        cpu_share: topo.cpu_share(),
         ring_bytes: config.ring_bytes,
         stream_trials: config.shm_stream.is_none()
             && config.transport != crate::config::TransportChoice::Tcp
@@ -494,11 +474,11 @@ mod tests {
     #[test]
     fn cpu_share_comes_from_every_hosts_cpus() {
         // The crowded host decides, whatever this machine has.
-        assert_eq!(cpu_share(&two_hosts(2, 16)), 0.5);
-        assert_eq!(cpu_share(&two_hosts(16, 2)), 0.5);
-        assert_eq!(cpu_share(&two_hosts(8, 16)), 1.0);
+        assert_eq!(two_hosts(2, 16).cpu_share(), 0.5);
+        assert_eq!(two_hosts(16, 2).cpu_share(), 0.5);
+        assert_eq!(two_hosts(8, 16).cpu_share(), 1.0);
         // A host that did not report counts this machine's CPUs.
         let here = crate::transport::sys::online_cpus() as f64;
-        assert_eq!(cpu_share(&two_hosts(0, 16)), (here / 4.0).min(1.0));
+        assert_eq!(two_hosts(0, 16).cpu_share(), (here / 4.0).min(1.0));
     }
 }

@@ -536,25 +536,26 @@ impl Core {
             self.run_schedule(c, seq, coll_seq, &plan, abort)?;
         }
         self.finish_avg(c)?;
-        if let Some(w) = &plan.watch {
-            if w.lock().add(start.elapsed().as_secs_f64()) {
-                let ran = self.oneshot_ran;
-                self.watch_done(w, abort)?;
-                // As after a trial: the AllReduce inside is not this call
-                // (whose repeats must not take the mailboxes' path).
-                self.recorder.set_algorithm(alg.name());
-                self.oneshot_ran = ran;
+        // Online tuning's AllReduce (agreeing on a watch window's mean or
+        // on trial times) runs inside this call: afterwards the flight
+        // recorder shows this call's algorithm, and whether this call ran
+        // through the mailboxes (a repeat may) is this call's alone; a
+        // trial is never a repeat to skip the tuner for (other ranks, one
+        // whose buffers overlap, say, would ask the tuner and try the next
+        // candidate).
+        if plan.watch.is_some() || trial.is_some() {
+            let secs = start.elapsed().as_secs_f64();
+            let ran = self.oneshot_ran && trial.is_none();
+            if let Some(w) = &plan.watch {
+                if w.lock().add(secs) {
+                    self.watch_done(w, abort)?;
+                }
             }
-        }
-        if let Some(key) = trial {
-            self.trial_done(key, start.elapsed().as_secs_f64(), abort)?;
-            // The flight recorder shows this call's algorithm, not that of
-            // the AllReduce that may have ended the trials.
+            if let Some(key) = trial {
+                self.trial_done(key, secs, abort)?;
+            }
             self.recorder.set_algorithm(alg.name());
-            // A trial is no repeat to skip the tuner for: other ranks (one
-            // whose buffers overlap, say) would ask the tuner and try the
-            // next candidate.
-            self.oneshot_ran = false;
+            self.oneshot_ran = ran;
         }
         Ok(())
     }

@@ -71,6 +71,26 @@ pub struct Topology {
 }
 
 impl Topology {
+    /// The share of a core each rank gets on the most crowded host (at
+    /// most 1): from the CPUs every host reported at set-up, the same on
+    /// every rank, so that all ranks price calls alike (hosts with
+    /// different core counts used to give different shares, and so
+    /// different algorithms). A host that did not report its CPUs (ranks
+    /// that are threads of this process) counts this machine's.
+    pub fn cpu_share(&self) -> f64 {
+        self.hosts
+            .iter()
+            .map(|h| {
+                let cpus = if h.cpus > 0 {
+                    h.cpus
+                } else {
+                    crate::transport::sys::online_cpus()
+                };
+                cpus as f64 / h.ranks.len() as f64
+            })
+            .fold(1.0, f64::min)
+    }
+
     /// Groups ranks by host identity.
     pub fn from_host_ids(ids: &[String]) -> Topology {
         let n = ids.len();
