@@ -805,6 +805,9 @@ pub struct Schedule {
     /// executor keeps such bytes in the cache rather than stream them to
     /// memory.
     pub read_back: Vec<bool>,
+    /// For each step, the length of the reduction chain it heads (0 where
+    /// it heads none): see [`reduce_chains`](Schedule::reduce_chains).
+    pub chains: Vec<u32>,
 }
 
 impl Schedule {
@@ -819,12 +822,36 @@ impl Schedule {
             .unwrap_or(0);
         let deps = dependencies(&steps, p.in_place);
         let read_back = read_back(&steps, p.in_place);
+        let chains = reduce_chains(&steps, p.in_place);
         Schedule {
             steps,
             deps,
             scratch,
             read_back,
+            chains,
         }
+    }
+
+    /// The reduction chain starting at step `i`, as a range of steps, if
+    /// step `i` heads one.
+    ///
+    /// A chain is a run of consecutive steps that build one accumulator
+    /// range `A`: a head that fills it (`Copy` into `A`, or `Recv` into
+    /// `A`), then steps that fold one more operand into it (`RecvReduce`
+    /// with `src == dst == A`, or `Reduce` into `A`), each from a different
+    /// peer, and optionally a `Copy` of `A` elsewhere. Run one by one, each
+    /// step passes over all of `A`; the executor may instead run the chain
+    /// piece by piece, each member advancing only as far as the member
+    /// before it has got, so a cache-sized piece of `A` meets every operand
+    /// before it leaves the cache. That applies the same operations to every
+    /// element in the same order (the result is bitwise the same) while `A`
+    /// crosses memory once instead of once per member. Each member still
+    /// waits for the steps outside the chain it depends on, and is done on
+    /// its own, so the piecewise run waits on nothing the step-by-step run
+    /// would not.
+    pub fn reduce_chain(&self, i: usize) -> Option<Range<usize>> {
+        let m = *self.chains.get(i)? as usize;
+        (m > 1).then(|| i..i + m)
     }
 
     /// Total elements this rank sends.
@@ -896,6 +923,83 @@ fn read_back(steps: &[Step], in_place: bool) -> Vec<bool> {
             !wj.is_empty() && rw[j + 1..].iter().any(|(ri, _)| overlaps(ri, wj, in_place))
         })
         .collect()
+}
+
+/// The reduction chains of a schedule ([`Schedule::reduce_chain`]): for
+/// each step, the length of the chain it heads, or 0.
+fn reduce_chains(steps: &[Step], in_place: bool) -> Vec<u32> {
+    let mut out = vec![0u32; steps.len()];
+    let norm = |l: Loc| {
+        if in_place && l.buf == Buf::Input {
+            Loc {
+                buf: Buf::Output,
+                ..l
+            }
+        } else {
+            l
+        }
+    };
+    let apart = |a: Loc, b: Loc, len: usize| {
+        let (a, b) = (norm(a), norm(b));
+        a.buf != b.buf || a.off + len <= b.off || b.off + len <= a.off
+    };
+    let mut i = 0;
+    while i < steps.len() {
+        let (acc, len, first_peer) = match steps[i] {
+            Step::Copy { src, dst, len } if apart(src, dst, len) => (dst, len, None),
+            Step::Recv { peer, dst, len } => (dst, len, Some(peer)),
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let mut peers: Vec<usize> = first_peer.into_iter().collect();
+        let mut end = i + 1;
+        while let Some(s) = steps.get(end) {
+            let ok = match *s {
+                Step::RecvReduce {
+                    peer,
+                    src,
+                    dst,
+                    len: l,
+                } => {
+                    l == len
+                        && norm(src) == norm(acc)
+                        && norm(dst) == norm(acc)
+                        && !peers.contains(&peer)
+                        && {
+                            peers.push(peer);
+                            true
+                        }
+                }
+                Step::Reduce { src, dst, len: l } => {
+                    l == len && norm(dst) == norm(acc) && apart(src, acc, len)
+                }
+                _ => false,
+            };
+            if !ok {
+                break;
+            }
+            end += 1;
+        }
+        // A copy of the finished accumulator elsewhere (in place, where it
+        // was built aside) ends the chain.
+        if end > i + 1 {
+            if let Some(&Step::Copy { src, dst, len: l }) = steps.get(end) {
+                if l == len && norm(src) == norm(acc) && apart(src, dst, len) {
+                    end += 1;
+                }
+            }
+        }
+        // Worth it with a message to read and two passes to save.
+        if end - i >= 2 && !peers.is_empty() && len > 0 {
+            out[i] = (end - i) as u32;
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    out
 }
 
 /// Splits `count` elements into `parts` nearly equal blocks: the first

@@ -124,3 +124,48 @@ fn read_back_marks_forwarded_receives() {
         .zip(&s.read_back)
         .all(|(st, &r)| !r || !st.writes().is_empty()));
 }
+
+/// `Schedule::reduce_chain`: the rank-order AllReduce algorithms build each
+/// rank's result from one chain (its head, one member per other operand,
+/// and in place the copy out of the scratch accumulator); the ring builds
+/// its blocks with fused forwarding steps and has none.
+#[test]
+fn reduce_chains_cover_the_rank_order_reductions() {
+    for n in 2..=6 {
+        for in_place in [false, true] {
+            for r in 0..n {
+                let mut p = Problem::new(Collective::AllReduce, n, r, 1000 * n + 3);
+                p.in_place = in_place;
+                for alg in [Algorithm::Direct, Algorithm::TwoShot] {
+                    let s = alg.build(&p).unwrap();
+                    let chains: Vec<_> = (0..s.steps.len())
+                        .filter_map(|i| s.reduce_chain(i))
+                        .collect();
+                    let want = n + usize::from(in_place);
+                    assert_eq!(chains.len(), 1, "{alg} n={n} rank {r} in place {in_place}");
+                    assert_eq!(
+                        chains[0].len(),
+                        want,
+                        "{alg} n={n} rank {r} in place {in_place}"
+                    );
+                    let c = &chains[0];
+                    assert!(matches!(
+                        s.steps[c.start],
+                        Step::Copy { .. } | Step::Recv { .. }
+                    ));
+                    let peers: Vec<_> = s.steps[c.clone()]
+                        .iter()
+                        .filter_map(|x| x.recv_peer())
+                        .collect();
+                    assert_eq!(
+                        peers.len(),
+                        n - 1,
+                        "{alg} n={n} rank {r}: one message per peer"
+                    );
+                }
+                let s = Algorithm::Ring.build(&p).unwrap();
+                assert!((0..s.steps.len()).all(|i| s.reduce_chain(i).is_none()));
+            }
+        }
+    }
+}
