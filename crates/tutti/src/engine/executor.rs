@@ -78,7 +78,55 @@ pub(crate) struct Scratchpad {
     peers: Vec<usize>,
     /// The sockets a sleep waits on, kept between sleeps.
     fds: Vec<libc::pollfd>,
+    /// Reduction chains under way ([`Schedule::reduce_chain`]).
+    chains: Vec<Chain>,
 }
+
+/// Accumulators up to this size stay in this core's cache (1 MiB of L2 on
+/// this machine, which two ranks may share) when reduced step by step: the
+/// executor runs reduction chains only over larger ones.
+const CHAIN_MIN_BYTES: usize = 256 << 10;
+
+/// A reduction chain the executor runs piece by piece: every member
+/// advances only as far as the member before it has got, so the pieces of
+/// the accumulator meet their operands one after another while they are in
+/// the cache, instead of once per operand from memory. Members that receive
+/// are ordinary messages whose [`RecvMsg::limit`] the chain sets; local
+/// members (a `Copy` that fills or copies out the accumulator, a `Reduce`
+/// into it) run here. A member does not move before the steps outside the
+/// chain it depends on are done, and is done when its last byte is: it
+/// waits on nothing the step-by-step run would not wait on, so the chain
+/// cannot deadlock where that run would not.
+struct Chain {
+    members: Vec<Member>,
+    /// Later sends of the finished accumulator that wait on nothing else:
+    /// started with the chain, they send each piece as the last member
+    /// finishes it, while it is in the cache.
+    followers: Vec<usize>,
+}
+
+struct Member {
+    step: usize,
+    /// Bytes of the whole step.
+    len: usize,
+    /// Steps outside the chain this member depends on, until all are done.
+    waits: Vec<u32>,
+    /// For a local member: what it does, and the bytes it has done.
+    local: Option<Local>,
+}
+
+struct Local {
+    reduce: bool,
+    src: *const u8,
+    dst: *mut u8,
+    got: usize,
+}
+
+// SAFETY: the pointers point into the buffers of the op under way; a chain
+// lives only while its op runs (`execute` clears the list at both ends), on
+// the thread that runs it, and the scratchpad moves between threads only
+// between ops.
+unsafe impl Send for Local {}
 
 fn resolve(b: &Buffers, l: Loc, len: usize, esz: usize) -> Result<*mut u8> {
     let (base, blen) = match l.buf {
@@ -118,6 +166,7 @@ pub(crate) fn execute(
         pad.recvq.resize_with(n, VecDeque::new);
     }
     pad.peers.clear();
+    pad.chains.clear();
     for (i, s) in sched.steps.iter().enumerate() {
         for q in [s.send_peer(), s.recv_peer()].into_iter().flatten() {
             if q >= n || env.links[q].is_none() {
@@ -156,6 +205,7 @@ pub(crate) fn execute(
         pad.sendq[q].clear();
         pad.recvq[q].clear();
     }
+    pad.chains.clear();
     r
 }
 
@@ -281,6 +331,13 @@ fn start_ready(
             i += 1;
             continue;
         }
+        if let Some(chain) = sched.reduce_chain(i) {
+            if start_chain(sched, b, env, pad, esz, chain.clone(), remaining)? {
+                moved = true;
+                i = chain.end;
+                continue;
+            }
+        }
         let st = &mut pad.states[i];
         st.started = true;
         moved = true;
@@ -354,7 +411,7 @@ fn progress(
     remaining: &mut usize,
 ) -> Result<bool> {
     let _ = sched;
-    let mut moved = false;
+    let mut moved = advance_chains(pad, env.cx, remaining);
     for pi in 0..pad.peers.len() {
         let q = pad.peers[pi];
         let link = env.links[q].as_mut().expect("checked in execute");
@@ -395,7 +452,178 @@ fn progress(
             }
         }
     }
+    moved |= advance_chains(pad, env.cx, remaining);
     Ok(moved)
+}
+
+/// Starts the reduction chain `chain` (its first step is ready) if it may
+/// run piece by piece: its accumulator outgrows the cache and every member
+/// that receives does so over a shared-memory ring. Returns false where its
+/// steps are to run one by one instead.
+fn start_chain(
+    sched: &Schedule,
+    b: &Buffers,
+    env: &mut Env<'_>,
+    pad: &mut Scratchpad,
+    esz: usize,
+    chain: std::ops::Range<usize>,
+    remaining: &mut usize,
+) -> Result<bool> {
+    if sched.steps[chain.start].len() * esz <= CHAIN_MIN_BYTES {
+        return Ok(false);
+    }
+    let over_rings = chain.clone().all(|j| {
+        sched.steps[j]
+            .recv_peer()
+            .is_none_or(|q| matches!(env.links[q], Some(Link::Ring(..))))
+    });
+    if !over_rings {
+        return Ok(false);
+    }
+    let mut members = Vec::with_capacity(chain.len());
+    for j in chain.clone() {
+        let waits: Vec<u32> = sched.deps[j]
+            .iter()
+            .copied()
+            .filter(|&d| !chain.contains(&(d as usize)) && !pad.states[d as usize].done)
+            .collect();
+        let st = &mut pad.states[j];
+        st.started = true;
+        let (len, local) = match sched.steps[j] {
+            Step::Copy { src, dst, len } | Step::Reduce { src, dst, len } => (
+                len * esz,
+                Some(Local {
+                    reduce: matches!(sched.steps[j], Step::Reduce { .. }),
+                    src: resolve(b, src, len, esz)?,
+                    dst: resolve(b, dst, len, esz)?,
+                    got: 0,
+                }),
+            ),
+            Step::Recv { dst, len, .. } => {
+                let mut m = RecvMsg::new(resolve(b, dst, len, esz)?, None, len * esz);
+                // Later members reduce into these bytes: keep them cached.
+                m.stream = false;
+                m.limit = 0;
+                st.recv = Some(m);
+                (len * esz, None)
+            }
+            Step::RecvReduce { src, dst, len, .. } => {
+                let s = resolve(b, src, len, esz)?;
+                let mut m = RecvMsg::new(resolve(b, dst, len, esz)?, Some(s), len * esz);
+                m.limit = 0;
+                st.recv = Some(m);
+                (len * esz, None)
+            }
+            _ => unreachable!("a chain holds only Copy, Recv, RecvReduce and Reduce"),
+        };
+        members.push(Member {
+            step: j,
+            len,
+            waits,
+            local,
+        });
+    }
+    let last = chain.end - 1;
+    let (fin, fin_len) = match sched.steps[last] {
+        Step::Copy { dst, len, .. }
+        | Step::Reduce { dst, len, .. }
+        | Step::RecvReduce { dst, len, .. }
+        | Step::Recv { dst, len, .. } => (dst, len),
+        _ => unreachable!("a chain holds only Copy, Recv, RecvReduce and Reduce"),
+    };
+    let mut followers = Vec::new();
+    for j in chain.end..sched.steps.len() {
+        let Step::Send { src, len, .. } = sched.steps[j] else {
+            continue;
+        };
+        let free = sched.deps[j]
+            .iter()
+            .all(|&d| chain.contains(&(d as usize)) || pad.states[d as usize].done);
+        if src == fin && len == fin_len && free && !pad.states[j].started {
+            let st = &mut pad.states[j];
+            st.started = true;
+            st.send = Some(SendMsg::new(resolve(b, src, len, esz)?, len * esz, 0));
+            followers.push(j);
+        }
+    }
+    pad.chains.push(Chain { members, followers });
+    advance_chains(pad, env.cx, remaining);
+    Ok(true)
+}
+
+/// Moves every reduction chain's bounds on, and its local members as far as
+/// their bounds go. Returns whether a local member did any work.
+fn advance_chains(pad: &mut Scratchpad, cx: &StepCx, remaining: &mut usize) -> bool {
+    let mut moved = false;
+    let esz = cx.elem;
+    let Scratchpad { chains, states, .. } = pad;
+    chains.retain_mut(|c| {
+        let got = |m: &Member, states: &[StepState]| match (&m.local, &states[m.step].recv) {
+            (Some(l), _) => l.got,
+            (None, Some(r)) => r.got,
+            (None, None) => unreachable!("a receiving member has its message"),
+        };
+        for m in &mut c.members {
+            m.waits.retain(|&d| !states[d as usize].done);
+        }
+        // The first member goes as far as its message (or, copying
+        // locally, its whole range) goes. No member waits for a later one:
+        // a message read straight from its sender's memory is read whole,
+        // only once the member before it is done.
+        let mut bound = usize::MAX;
+        for m in &mut c.members {
+            let b = if m.waits.is_empty() {
+                bound.min(m.len)
+            } else {
+                0
+            };
+            match &mut m.local {
+                Some(l) => {
+                    // A reduction takes whole elements, a copy any bytes.
+                    let to = if l.reduce && b < m.len {
+                        b - b % esz
+                    } else {
+                        b
+                    };
+                    if to > l.got {
+                        let k = to - l.got;
+                        // SAFETY: src and dst were resolved for m.len bytes
+                        // and l.got + k <= m.len; they do not overlap (the
+                        // chain's rule); a reduction covers whole elements.
+                        unsafe {
+                            if l.reduce {
+                                let d = l.dst.add(l.got);
+                                reduce::reduce(cx.dtype, cx.op, d, d, l.src.add(l.got), k);
+                            } else {
+                                crate::reduce::copy::copy(l.src.add(l.got), l.dst.add(l.got), k);
+                            }
+                        }
+                        l.got = to;
+                        moved = true;
+                        if to == m.len {
+                            let st = &mut states[m.step];
+                            st.done = true;
+                            *remaining -= 1;
+                        }
+                    }
+                }
+                None => {
+                    if let Some(r) = states[m.step].recv.as_mut() {
+                        r.limit = b;
+                    }
+                }
+            }
+            bound = got(m, states);
+        }
+        let fin = got(c.members.last().expect("a chain has members"), states);
+        for &f in &c.followers {
+            if let Some(m) = states[f].send.as_mut() {
+                m.avail = fin;
+            }
+        }
+        !c.members.iter().all(|m| states[m.step].done)
+    });
+    moved
 }
 
 fn pending_peers(pad: &Scratchpad) -> Vec<usize> {

@@ -296,6 +296,12 @@ pub(crate) struct RecvMsg {
     /// rank reads again (a step that forwards the bytes, or a later one
     /// that sends or reduces them: [`crate::algo::Schedule::read_back`]).
     pub stream: bool,
+    /// How many bytes the link may deliver for now: a member of a reduction
+    /// chain ([`crate::algo::Schedule::reduce_chain`]) waits for the member
+    /// before it. `usize::MAX` where nothing holds the message back. Only
+    /// the shared-memory rings honour it (the executor forms chains only
+    /// over them).
+    pub limit: usize,
 }
 
 impl RecvMsg {
@@ -308,6 +314,7 @@ impl RecvMsg {
             header_seen: false,
             done: false,
             stream: len >= reduce::copy::STREAM_MIN,
+            limit: usize::MAX,
         }
     }
 

@@ -544,6 +544,11 @@ impl RingLink {
             };
             cx.check_header(&hdr, m.len, self.peer, self.recv_msgs)?;
             if hdr.flags & FLAG_DIRECT != 0 {
+                if m.limit < m.len {
+                    // A direct message is read whole: not before all of it
+                    // may be delivered.
+                    return Ok(false);
+                }
                 if head - t < (HEADER_BYTES + DESC_BYTES) as u64 {
                     // Not taken yet: the header is read (and counted) again
                     // on the next call.
@@ -592,12 +597,13 @@ impl RingLink {
         let esz = cx.elem;
         let piece = piece_bytes(cap);
         let mut freed = tail;
+        let end = m.len.min(m.limit);
         loop {
             let avail = head - t;
-            if m.got < m.len && avail > 0 {
+            if m.got < end && avail > 0 {
                 let off = (t % cap) as usize;
                 let contiguous = (cap as usize - off).min(avail as usize);
-                let mut k = (m.len - m.got).min(contiguous).min(piece);
+                let mut k = (end - m.got).min(contiguous).min(piece);
                 if m.reduce_src.is_some() {
                     k -= k % esz;
                     if k == 0 {
