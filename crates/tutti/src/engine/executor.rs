@@ -82,10 +82,16 @@ pub(crate) struct Scratchpad {
     chains: Vec<Chain>,
 }
 
-/// Accumulators up to this size stay in this core's cache (1 MiB of L2 on
-/// this machine, which two ranks may share) when reduced step by step: the
-/// executor runs reduction chains only over larger ones.
-const CHAIN_MIN_BYTES: usize = 256 << 10;
+/// Where ranks share cores, the executor runs reduction chains only over
+/// accumulators larger than this (they outgrow this core's cache: 1 MiB of
+/// L2 on this machine, which two ranks share there). Chains run their
+/// members in step with each other's peers, and there that cost more than
+/// it saved on small blocks: 4 ranks on 2 cores, `two_shot` AllReduce, 16
+/// KiB 14.1 us a call step by step against 21.6 as chains, 64 KiB 29.4
+/// against 38.8, 256 KiB 81 against 97. Where each rank has a core, chains
+/// pay at every size (2 ranks: 16 KiB 2.5 against 2.2 us, 64 KiB 7.7
+/// against 5.2, 256 KiB 27.7 against 21.3; medians of 4 alternated runs).
+const CHAIN_MIN_BYTES_SHARED: usize = 256 << 10;
 
 /// A reduction chain the executor runs piece by piece: every member
 /// advances only as far as the member before it has got, so the pieces of
@@ -120,6 +126,9 @@ struct Local {
     src: *const u8,
     dst: *mut u8,
     got: usize,
+    /// Folded into the neighbouring member that receives (this step): it
+    /// does no work of its own and has got what that member has.
+    merged: Option<usize>,
 }
 
 // SAFETY: the pointers point into the buffers of the op under way; a chain
@@ -457,8 +466,9 @@ fn progress(
 }
 
 /// Starts the reduction chain `chain` (its first step is ready) if it may
-/// run piece by piece: its accumulator outgrows the cache and every member
-/// that receives does so over a shared-memory ring. Returns false where its
+/// run piece by piece: every member that receives does so over a
+/// shared-memory ring, and where ranks share cores, its accumulator
+/// outgrows the cache ([`CHAIN_MIN_BYTES_SHARED`]). Returns false where its
 /// steps are to run one by one instead.
 fn start_chain(
     sched: &Schedule,
@@ -469,7 +479,14 @@ fn start_chain(
     chain: std::ops::Range<usize>,
     remaining: &mut usize,
 ) -> Result<bool> {
-    if sched.steps[chain.start].len() * esz <= CHAIN_MIN_BYTES {
+    // spin.1: this rank yields its core while polling, as where ranks
+    // share cores.
+    let min = if env.spin.1 {
+        CHAIN_MIN_BYTES_SHARED
+    } else {
+        0
+    };
+    if sched.steps[chain.start].len() * esz <= min {
         return Ok(false);
     }
     let over_rings = chain.clone().all(|j| {
@@ -497,6 +514,7 @@ fn start_chain(
                     src: resolve(b, src, len, esz)?,
                     dst: resolve(b, dst, len, esz)?,
                     got: 0,
+                    merged: None,
                 }),
             ),
             Step::Recv { dst, len, .. } => {
@@ -523,6 +541,7 @@ fn start_chain(
             local,
         });
     }
+    merge_first_pair(&mut members, &mut pad.states);
     let last = chain.end - 1;
     let (fin, fin_len) = match sched.steps[last] {
         Step::Copy { dst, len, .. }
@@ -549,6 +568,38 @@ fn start_chain(
     pad.chains.push(Chain { members, followers });
     advance_chains(pad, env.cx, remaining);
     Ok(true)
+}
+
+/// Folds a chain's first two members into one pass where one of them is
+/// local: `Copy own -> A` then `A = A (op) received` becomes `A = own (op)
+/// received`, and `Recv -> A` then `A = A (op) own` becomes `A = received
+/// (op) own`; the same operands in the same order, one pass over `A`
+/// instead of two.
+fn merge_first_pair(members: &mut [Member], states: &mut [StepState]) {
+    let [first, second, ..] = members else { return };
+    if !first.waits.is_empty() || !second.waits.is_empty() {
+        return;
+    }
+    match (&mut first.local, &mut second.local) {
+        // Copy own -> A; RecvReduce A = A (op) received.
+        (Some(l), None) if !l.reduce => {
+            if let Some(m) = states[second.step].recv.as_mut() {
+                m.reduce_src = Some(l.src);
+                l.merged = Some(second.step);
+            }
+        }
+        // Recv -> A; Reduce A = A (op) own.
+        (None, Some(l)) if l.reduce => {
+            if let Some(m) = states[first.step].recv.as_mut() {
+                if m.reduce_src.is_none() {
+                    m.reduce_src = Some(l.src);
+                    m.recv_first = true;
+                    l.merged = Some(first.step);
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Moves every reduction chain's bounds on, and its local members as far as
@@ -578,6 +629,21 @@ fn advance_chains(pad: &mut Scratchpad, cx: &StepCx, remaining: &mut usize) -> b
                 0
             };
             match &mut m.local {
+                Some(l) if l.merged.is_some() => {
+                    let with = l.merged.expect("checked");
+                    let g = states[with].recv.as_ref().map_or(0, |r| r.got);
+                    if g > l.got {
+                        l.got = g;
+                        moved = true;
+                        if g == m.len {
+                            states[m.step].done = true;
+                            *remaining -= 1;
+                        }
+                    }
+                    // It bounds nothing: the member it is folded into
+                    // goes as far as the member before the pair lets it.
+                    continue;
+                }
                 Some(l) => {
                     // A reduction takes whole elements, a copy any bytes.
                     let to = if l.reduce && b < m.len {

@@ -302,6 +302,10 @@ pub(crate) struct RecvMsg {
     /// the shared-memory rings honour it (the executor forms chains only
     /// over them).
     pub limit: usize,
+    /// For a reducing receive: the payload is the left operand (`dst =
+    /// payload (op) src`), where a reduction chain folds its first message
+    /// and this rank's own operand in one pass.
+    pub recv_first: bool,
 }
 
 impl RecvMsg {
@@ -315,6 +319,7 @@ impl RecvMsg {
             done: false,
             stream: len >= reduce::copy::STREAM_MIN,
             limit: usize::MAX,
+            recv_first: false,
         }
     }
 
@@ -332,6 +337,9 @@ impl RecvMsg {
             match self.reduce_src {
                 None if self.stream => reduce::copy::copy_stream(src, d, k),
                 None => reduce::copy::copy(src, d, k),
+                Some(a) if self.recv_first => {
+                    reduce::reduce(cx.dtype, cx.op, d, src, a.add(self.got), k)
+                }
                 Some(a) => reduce::reduce(cx.dtype, cx.op, d, a.add(self.got), src, k),
             }
         }
@@ -353,6 +361,9 @@ impl RecvMsg {
             let d = self.dst.add(off);
             match self.reduce_src {
                 None => reduce::copy::copy(src, d, k),
+                Some(a) if self.recv_first => {
+                    reduce::reduce(cx.dtype, cx.op, d, src, a.add(off), k)
+                }
                 Some(a) => reduce::reduce(cx.dtype, cx.op, d, a.add(off), src, k),
             }
         }
