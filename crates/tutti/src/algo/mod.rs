@@ -806,7 +806,7 @@ pub struct Schedule {
     /// memory.
     pub read_back: Vec<bool>,
     /// For each step, the length of the reduction chain it heads (0 where
-    /// it heads none): see [`reduce_chains`](Schedule::reduce_chains).
+    /// it heads none): see [`reduce_chain`](Schedule::reduce_chain).
     pub chains: Vec<u32>,
 }
 
