@@ -52,15 +52,14 @@ fn check<T: Element + PartialEq + std::fmt::Debug>(
             let mut buf = mine.clone();
             c.all_reduce_with(&mut buf, op, &opts)
                 .expect("all_reduce in place");
-            let bad = buf.iter().zip(&want).position(|(a, b)| a != b);
-            assert!(
-                bad.is_none(),
-                "{alg} in place, {count} x {:?}, {op:?}, rank {}: element {} is {:?}, rank order gives {:?}",
-                T::DTYPE,
-                c.rank(),
-                bad.unwrap(),
-                buf[bad.unwrap()],
-                want[bad.unwrap()]
+            same_bits(
+                &buf,
+                &want,
+                &format!(
+                    "{alg} in place, {count} x {:?}, {op:?}, rank {}",
+                    T::DTYPE,
+                    c.rank()
+                ),
             );
         }
         // Out of place: the algorithm comes from the communicator's
@@ -68,15 +67,25 @@ fn check<T: Element + PartialEq + std::fmt::Debug>(
         let mut out = vec![conv(0.0); count];
         c.all_reduce_into(&mine, &mut out, op)
             .expect("all_reduce out of place");
-        let bad = out.iter().zip(&want).position(|(a, b)| a != b);
-        assert!(
-            bad.is_none(),
-            "out of place, {count} x {:?}, {op:?}, rank {}: element {} is {:?}, rank order gives {:?}",
-            T::DTYPE,
-            c.rank(),
-            bad.unwrap(),
-            out[bad.unwrap()],
-            want[bad.unwrap()]
+        same_bits(
+            &out,
+            &want,
+            &format!(
+                "out of place, {count} x {:?}, {op:?}, rank {}",
+                T::DTYPE,
+                c.rank()
+            ),
+        );
+    }
+}
+
+/// Fails naming the first element of `got` whose bits differ from `want`'s.
+fn same_bits<T: bytemuck::Pod + std::fmt::Debug>(got: &[T], want: &[T], what: &str) {
+    let bits = |x: &T| bytemuck::bytes_of(x).to_vec();
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| bits(a) != bits(b)) {
+        panic!(
+            "{what}: element {i} is {:?}, rank order gives {:?}",
+            got[i], want[i]
         );
     }
 }
