@@ -80,6 +80,9 @@ pub(crate) struct Scratchpad {
     fds: Vec<libc::pollfd>,
     /// Reduction chains under way ([`Schedule::reduce_chain`]).
     chains: Vec<Chain>,
+    /// Finished chains, emptied, kept for their capacity (no allocation per
+    /// op once the shapes have been seen).
+    spare: Vec<Chain>,
 }
 
 /// Where ranks share cores, the executor runs reduction chains only over
@@ -103,6 +106,7 @@ const CHAIN_MIN_BYTES_SHARED: usize = 256 << 10;
 /// chain it depends on are done, and is done when its last byte is: it
 /// waits on nothing the step-by-step run would not wait on, so the chain
 /// cannot deadlock where that run would not.
+#[derive(Default)]
 struct Chain {
     members: Vec<Member>,
     /// Later sends of the finished accumulator that wait on nothing else:
@@ -132,7 +136,8 @@ struct Local {
 }
 
 // SAFETY: the pointers point into the buffers of the op under way; a chain
-// lives only while its op runs (`execute` clears the list at both ends), on
+// lives only while its op runs (`execute` empties the list at both ends,
+// and spare chains hold no members), on
 // the thread that runs it, and the scratchpad moves between threads only
 // between ops.
 unsafe impl Send for Local {}
@@ -175,7 +180,7 @@ pub(crate) fn execute(
         pad.recvq.resize_with(n, VecDeque::new);
     }
     pad.peers.clear();
-    pad.chains.clear();
+    recycle_chains(pad);
     for (i, s) in sched.steps.iter().enumerate() {
         for q in [s.send_peer(), s.recv_peer()].into_iter().flatten() {
             if q >= n || env.links[q].is_none() {
@@ -214,7 +219,7 @@ pub(crate) fn execute(
         pad.sendq[q].clear();
         pad.recvq[q].clear();
     }
-    pad.chains.clear();
+    recycle_chains(pad);
     r
 }
 
@@ -497,7 +502,8 @@ fn start_chain(
     if !over_rings {
         return Ok(false);
     }
-    let mut members = Vec::with_capacity(chain.len());
+    let mut c = pad.spare.pop().unwrap_or_default();
+    let members = &mut c.members;
     for j in chain.clone() {
         let waits: Vec<u32> = sched.deps[j]
             .iter()
@@ -541,7 +547,7 @@ fn start_chain(
             local,
         });
     }
-    merge_first_pair(&mut members, &mut pad.states);
+    merge_first_pair(members, &mut pad.states);
     let last = chain.end - 1;
     let (fin, fin_len) = match sched.steps[last] {
         Step::Copy { dst, len, .. }
@@ -550,7 +556,7 @@ fn start_chain(
         | Step::Recv { dst, len, .. } => (dst, len),
         _ => unreachable!("a chain holds only Copy, Recv, RecvReduce and Reduce"),
     };
-    let mut followers = Vec::new();
+    let followers = &mut c.followers;
     for j in chain.end..sched.steps.len() {
         let Step::Send { src, len, .. } = sched.steps[j] else {
             continue;
@@ -565,9 +571,19 @@ fn start_chain(
             followers.push(j);
         }
     }
-    pad.chains.push(Chain { members, followers });
+    pad.chains.push(c);
     advance_chains(pad, env.cx, remaining);
     Ok(true)
+}
+
+/// Empties the list of chains under way into the spares (an op that
+/// failed leaves some).
+fn recycle_chains(pad: &mut Scratchpad) {
+    for mut c in pad.chains.drain(..) {
+        c.members.clear();
+        c.followers.clear();
+        pad.spare.push(c);
+    }
 }
 
 /// Folds a chain's first two members into one pass where one of them is
@@ -607,8 +623,15 @@ fn merge_first_pair(members: &mut [Member], states: &mut [StepState]) {
 fn advance_chains(pad: &mut Scratchpad, cx: &StepCx, remaining: &mut usize) -> bool {
     let mut moved = false;
     let esz = cx.elem;
-    let Scratchpad { chains, states, .. } = pad;
-    chains.retain_mut(|c| {
+    let Scratchpad {
+        chains,
+        states,
+        spare,
+        ..
+    } = pad;
+    let mut k = 0;
+    while k < chains.len() {
+        let c = &mut chains[k];
         let got = |m: &Member, states: &[StepState]| match (&m.local, &states[m.step].recv) {
             (Some(l), _) => l.got,
             (None, Some(r)) => r.got,
@@ -687,8 +710,15 @@ fn advance_chains(pad: &mut Scratchpad, cx: &StepCx, remaining: &mut usize) -> b
                 m.avail = fin;
             }
         }
-        !c.members.iter().all(|m| states[m.step].done)
-    });
+        if c.members.iter().all(|m| states[m.step].done) {
+            let mut done = chains.swap_remove(k);
+            done.members.clear();
+            done.followers.clear();
+            spare.push(done);
+        } else {
+            k += 1;
+        }
+    }
     moved
 }
 
