@@ -225,18 +225,25 @@ impl Step {
         }
     }
 
+    /// Where the step writes (its `len` elements from there), if it writes.
+    pub fn dst(&self) -> Option<Loc> {
+        match *self {
+            Step::Recv { dst, .. }
+            | Step::RecvReduce { dst, .. }
+            | Step::RecvReduceSend { dst, .. }
+            | Step::RecvCopySend { dst, .. }
+            | Step::Copy { dst, .. }
+            | Step::Reduce { dst, .. } => Some(dst),
+            Step::Send { .. } | Step::Fence => None,
+        }
+    }
+
     /// Ranges the step writes.
     pub fn writes(&self) -> Vec<(Buf, Range<usize>)> {
-        let r = |l: Loc, n: usize| (l.buf, l.off..l.off + n);
-        match *self {
-            Step::Recv { dst, len, .. }
-            | Step::RecvReduce { dst, len, .. }
-            | Step::RecvReduceSend { dst, len, .. }
-            | Step::RecvCopySend { dst, len, .. }
-            | Step::Copy { dst, len, .. }
-            | Step::Reduce { dst, len, .. } => vec![r(dst, len)],
-            _ => vec![],
-        }
+        self.dst()
+            .map(|d| (d.buf, d.off..d.off + self.len()))
+            .into_iter()
+            .collect()
     }
 }
 
@@ -940,8 +947,8 @@ fn reduce_chains(steps: &[Step], in_place: bool) -> Vec<u32> {
         }
     };
     let apart = |a: Loc, b: Loc, len: usize| {
-        let (a, b) = (norm(a), norm(b));
-        a.buf != b.buf || a.off + len <= b.off || b.off + len <= a.off
+        let range = |l: Loc| [(l.buf, l.off..l.off + len)];
+        !overlaps(&range(a), &range(b), in_place)
     };
     let mut i = 0;
     while i < steps.len() {

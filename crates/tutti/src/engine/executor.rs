@@ -135,11 +135,11 @@ struct Local {
     merged: Option<usize>,
 }
 
-// SAFETY: the pointers point into the buffers of the op under way; a chain
-// lives only while its op runs (`execute` empties the list at both ends,
-// and spare chains hold no members), on
-// the thread that runs it, and the scratchpad moves between threads only
-// between ops.
+// A chain lives only while its op runs (`execute` empties the list at both
+// ends, and spare chains hold no members), on the thread that runs it; the
+// scratchpad moves between threads only between ops.
+// SAFETY: the pointers point into the buffers of the op under way and are
+// used only while it runs, on its thread (above).
 unsafe impl Send for Local {}
 
 fn resolve(b: &Buffers, l: Loc, len: usize, esz: usize) -> Result<*mut u8> {
@@ -548,14 +548,8 @@ fn start_chain(
         });
     }
     merge_first_pair(members, &mut pad.states);
-    let last = chain.end - 1;
-    let (fin, fin_len) = match sched.steps[last] {
-        Step::Copy { dst, len, .. }
-        | Step::Reduce { dst, len, .. }
-        | Step::RecvReduce { dst, len, .. }
-        | Step::Recv { dst, len, .. } => (dst, len),
-        _ => unreachable!("a chain holds only Copy, Recv, RecvReduce and Reduce"),
-    };
+    let last = &sched.steps[chain.end - 1];
+    let (fin, fin_len) = (last.dst(), last.len());
     let followers = &mut c.followers;
     for j in chain.end..sched.steps.len() {
         let Step::Send { src, len, .. } = sched.steps[j] else {
@@ -564,7 +558,7 @@ fn start_chain(
         let free = sched.deps[j]
             .iter()
             .all(|&d| chain.contains(&(d as usize)) || pad.states[d as usize].done);
-        if src == fin && len == fin_len && free && !pad.states[j].started {
+        if Some(src) == fin && len == fin_len && free && !pad.states[j].started {
             let st = &mut pad.states[j];
             st.started = true;
             st.send = Some(SendMsg::new(resolve(b, src, len, esz)?, len * esz, 0));
