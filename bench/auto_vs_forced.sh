@@ -9,7 +9,8 @@
 # over the best (pick/best: the choice, apart from run-to-run noise). The
 # two ratios are paired by round (the median of the ratios within a round);
 # auto/best_m is the ratio of the medians; auto/pick is Auto over its own
-# pick forced, paired: one schedule timed twice a round, i.e. the noise.
+# pick forced, paired: one schedule timed twice a round, i.e. the noise
+# plus the cost of the reviews during the rounds (counted in `reviews`).
 # Usage: bench/auto_vs_forced.sh N [COLL] [MIN] [MAX]
 #   env: AVF_ROUNDS (default 7), AVF_MS (timed ms per measurement, default 20),
 #   AVF_DUMP=1 (every round's times too), TUTTI_BIND (core or none: binding

@@ -18,8 +18,12 @@
 # Before each run it waits (up to $QUIET_WAIT seconds, default 120) for the machine to be
 # >= 90% idle for 2 s: other work on a small machine easily halves TCP numbers.
 # Output: per collective and size, the median busbw (GB/s, nccl-tests definition) of each
-# variant over the rounds and, in brackets, its share of iperf3's 2-stream median. Raw outputs
-# go to $OUT (default /tmp/tutti-bench/tcp_loopback.<time>).
+# variant over the rounds and, in brackets, its share of iperf3's 2-stream median; then what
+# loopback carried (GB/s: the bytes all ranks sent per second, busbw times the links the
+# collective keeps busy: n ranks for all_reduce, all_gather, reduce_scatter, all_to_all and
+# send_recv, n - 1 for broadcast and reduce; nccl-tests' busbw is one link's rate) and, in
+# brackets, its share of iperf3's 2-stream median, which is also all bytes through loopback
+# per second. Raw outputs go to $OUT (default /tmp/tutti-bench/tcp_loopback.<time>).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 rounds=3 colls=all_reduce,send_recv,broadcast,all_gather min=1M max=256M n=2 build=1
@@ -86,11 +90,17 @@ med() { sort -g | awk '{v[NR]=$1} END{if (NR == 0) print "nan"; else print (NR %
 ip1=$(cat "$OUT"/iperf.P1.r* | med)
 ip2=$(cat "$OUT"/iperf.P2.r* | med)
 {
-  echo "# TCP over loopback, $n ranks, $rounds round(s), median busbw in GB/s; (x%) = share of iperf3 -P 2"
+  echo "# TCP over loopback, $n ranks, $rounds round(s), median busbw in GB/s, then what loopback carried (GB/s, all ranks' sends); (x%) = share of iperf3 -P 2"
   echo "# iperf3 loopback: 1 stream $ip1 GB/s, 2 streams $ip2 GB/s (medians: $(cat "$OUT"/iperf.P1.r* | tr '\n' ' ')/ $(cat "$OUT"/iperf.P2.r* | tr '\n' ' '))"
   for c in ${colls//,/ }; do
+    # Links kept busy, each at busbw (see the header).
+    case $c in
+      all_reduce | all_gather | reduce_scatter | all_to_all | send_recv) links=$n ;;
+      broadcast | reduce) links=$((n - 1)) ;;
+      *) links=0 ;;
+    esac
     printf '%-12s %10s' "$c" size
-    for l in "${labels[@]}"; do printf ' %16s' "$l"; done
+    for l in "${labels[@]}"; do printf ' %16s %16s' "$l" "carried"; done
     echo
     sizes=$(awk '/^ +[0-9]/{print $1}' "$OUT/$c.${labels[0]}.r1.txt" 2> /dev/null)
     for s in $sizes; do
@@ -98,6 +108,12 @@ ip2=$(cat "$OUT"/iperf.P2.r* | med)
       for l in "${labels[@]}"; do
         m=$(cat "$OUT/$c.$l".r*.txt 2> /dev/null | awk -v s="$s" '/^ +[0-9]/ && $1 == s {print $8}' | med)
         printf ' %7.3f (%4.0f%%)' "$m" "$(awk -v m="$m" -v i="$ip2" 'BEGIN{print 100 * m / i}')"
+        if [ "$links" -gt 0 ]; then
+          printf ' %7.3f (%4.0f%%)' "$(awk -v m="$m" -v k="$links" 'BEGIN{print m * k}')" \
+            "$(awk -v m="$m" -v k="$links" -v i="$ip2" 'BEGIN{print 100 * m * k / i}')"
+        else
+          printf ' %16s' -
+        fi
       done
       echo
     done

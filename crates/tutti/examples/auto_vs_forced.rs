@@ -13,8 +13,10 @@
 //! second, so a slow stretch of the machine that slows a whole round
 //! cancels), and the best is the algorithm against which that median is
 //! highest. Then Auto's median over the best median (not paired), for
-//! comparison, and last Auto over its own pick forced, paired (`auto/pick`:
-//! one schedule timed twice a round, so its spread is the bench's noise).
+//! comparison, then Auto over its own pick forced, paired (`auto/pick`:
+//! one schedule timed twice a round, so its spread is the bench's noise,
+//! plus what online tuning's reviews during the rounds cost Auto), and
+//! last how many reviews ran during the rounds.
 //! Before a size's rounds, Auto's calls run until its online tuning has
 //! decided (`TUTTI_TUNE=model` compares the cost model's pick instead;
 //! `TUTTI_TUNE=once`, the first decision without reviews); the ratios
@@ -109,8 +111,8 @@ fn main() -> tutti::Result<()> {
             print!(" {:>9}", &a.name()[..a.name().len().min(9)]);
         }
         println!(
-            " {:>16} {:>9} {:>9} {:>11} {:>9}",
-            "best", "auto/best", "pick/best", "auto/best_m", "auto/pick"
+            " {:>16} {:>9} {:>9} {:>11} {:>9} {:>7}",
+            "best", "auto/best", "pick/best", "auto/best_m", "auto/pick", "reviews"
         );
     }
     let mut bytes = min.max(4);
@@ -154,6 +156,7 @@ fn main() -> tutti::Result<()> {
             unsafe { comm.run_raw(&call, &opts[0])? };
         }
         let pick = comm.plan(coll, count, DataType::F32)?;
+        let reviews0 = comm.tuning_reviews(coll, count, DataType::F32);
         let t1 = time(&comm, &call, &opts[0], 20)?;
         let iters = ((ms * 1e-3 / t1.max(1e-7)) as usize).clamp(2, 200_000);
         let mut t = vec![Vec::new(); opts.len()];
@@ -169,6 +172,7 @@ fn main() -> tutti::Result<()> {
             }
         }
         let last = comm.plan(coll, count, DataType::F32)?;
+        let reviews = comm.tuning_reviews(coll, count, DataType::F32) - reviews0;
         if me == 0 && std::env::var_os("AVF_DUMP").is_some() {
             for (i, v) in t.iter().enumerate() {
                 let r: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
@@ -227,12 +231,13 @@ fn main() -> tutti::Result<()> {
             // what this ratio shows besides 1.0 is the bench's own noise.
             let same = at.map_or(f64::NAN, |i| paired(0, 1 + i));
             println!(
-                " {:>16} {:>9.2} {:>9.2} {:>11.2} {:>9.2}",
+                " {:>16} {:>9.2} {:>9.2} {:>11.2} {:>9.2} {:>7}",
                 algs[bi].name(),
                 auto_best,
                 picked,
                 med[0] / best_med,
-                same
+                same,
+                reviews
             );
         }
         bytes *= 4;
