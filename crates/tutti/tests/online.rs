@@ -427,14 +427,15 @@ fn forced_calls_do_not_bring_reviews_sooner() {
 /// windows' calls, not the 16 turns' span it is otherwise due after (where
 /// each rank has a core).
 fn moved_pick_reviewed(c: &Communicator) {
-    use tutti::tune::online::{trials, TURNS, WATCH_MIN_BYTES, WATCH_WINDOW};
+    use tutti::tune::online::{trials, watch_window, TURNS, WATCH_MIN_BYTES};
     let gap = first_review_gap(c);
     let (count, first) = decided(c, COUNTS.into_iter().filter(|&k| k * 4 >= WATCH_MIN_BYTES));
     let shape = (Collective::AllReduce, count, DataType::F32);
     let mut x = vec![1f32; count];
     let (lead, per) = trials(count * 4);
     let span = (first - (lead + per)) / TURNS;
-    let window = WATCH_WINDOW * TURNS * per;
+    let us = c.plan(shape.0, shape.1, shape.2).unwrap().us;
+    let window = watch_window(count * 4, us, c.topology().cpu_share());
     // A window of the pick's calls as they run (its baseline is the
     // decision's time).
     let t = std::time::Instant::now();

@@ -606,7 +606,7 @@ impl Core {
                     watch: watched.then(|| {
                         Arc::new(Watched {
                             key: key.clone(),
-                            watch: Mutex::new(Watch::new(bytes)),
+                            watch: Mutex::new(Watch::new(bytes, self.tune.cpu_share)),
                         })
                     }),
                 })

@@ -412,7 +412,8 @@ pub(crate) fn select(
 /// What online tuning tries for `p` ([`online`]): [`select`]'s choice
 /// first, then, where the cost model chose (nothing forced), the other
 /// algorithms it prices within [`online::SPREAD`] of the cheapest, at most
-/// [`online::MAX_CANDIDATES`] in all, each with its best chunk count; and,
+/// [`online::MAX_CANDIDATES`] in all (where ranks share cores, as
+/// [`online::spread`] says), each with its best chunk count; and,
 /// on top of those, the pick's streaming twin second where
 /// [`STREAM_MIN_BYTES`] says, or its direct-read twin second where
 /// [`CMA_TWIN_BYTES`] says (never both: one needs a core per rank, the
@@ -428,9 +429,10 @@ pub(crate) fn candidates(
     let pick = v[0];
     // One choice: forced (`TUTTI_ALGO`), which leaves the stores alone too.
     let chose = v.len() > 1;
-    let rest = v.drain(1..).filter(|c| c.us <= cheapest * online::SPREAD);
+    let (spread, most) = online::spread(ctx.cpu_share);
+    let rest = v.drain(1..).filter(|c| c.us <= cheapest * spread);
     let mut out = vec![pick];
-    out.extend(rest.take(online::MAX_CANDIDATES - 1));
+    out.extend(rest.take(most - 1));
     if chose
         && ctx.stream_trials
         && ctx.cpu_share >= 1.0

@@ -104,6 +104,33 @@ pub const SPREAD: f64 = 2.0;
 /// on top.
 pub const MAX_CANDIDATES: usize = 5;
 
+/// [`SPREAD`] and [`MAX_CANDIDATES`] where ranks share cores (more ranks on
+/// a host than it has CPUs). There the model prices a schedule as if each
+/// rank ran on its share of a core, but a rank that waits sleeps and leaves
+/// its core to the others, so a schedule whose work falls on few ranks runs
+/// faster than priced: 4 ranks on 2 cores, Reduce of 64 MiB, direct (the
+/// root reduces the three others' data) priced over twice the ring's
+/// time, and forced, it ran at 0.83-0.87x the time of the tree or ring
+/// that Auto kept in three runs (2026-12-03). A wider spread lets the
+/// trials measure it. Fewer at most: every candidate costs a block of
+/// calls at each review, and reviews come more often there
+/// ([`REVIEW_GAPS_SHARED`]); the cheapest four keep AllReduce's
+/// candidates at 4 ranks as [`SPREAD`] chose them (the tree, priced within
+/// four times, was the slowest forced at every size from 64 KiB to 64
+/// MiB).
+pub const SPREAD_SHARED: (f64, usize) = (4.0, 4);
+
+/// How far from the cheapest price a candidate may be, and how many
+/// candidates at most, as `cpu_share` (the CPUs a rank has on its host,
+/// [`crate::tune::TuneCtx::cpu_share`]) says.
+pub fn spread(cpu_share: f64) -> (f64, usize) {
+    if cpu_share < 1.0 {
+        SPREAD_SHARED
+    } else {
+        (SPREAD, MAX_CANDIDATES)
+    }
+}
+
 /// Each candidate's timed calls move about this many bytes in all (at
 /// least [`MIN_TRIALS`] calls a turn, at most [`MAX_TRIALS`]): small calls
 /// need many to reach the rhythm they keep in a loop, and cost little.
@@ -388,8 +415,37 @@ pub const WATCH_WINDOW: usize = 2;
 /// forward to the shape's next call.
 pub const WATCH_CHANGE: f64 = 0.25;
 
+/// Where ranks share cores, a window also spans at least this many
+/// seconds of the pick's calls (at the time per call it was decided at).
+/// The AllReduce that ends a window makes the ranks wait for each other,
+/// and where they share cores that wait costs sleeps, wake-ups and the
+/// pipelining of the calls around it: 4 ranks on 2 cores, Reduce of 64
+/// KiB, a window of 510 calls (about 4 ms), Auto ran its pick at 1.06-1.20x
+/// the pick's forced time in rounds with no review, and at 1.17, 1.27 and
+/// 1.17x the best forced algorithm in three runs; with this minimum, 1.03,
+/// 1.06 and 1.03 in the runs alternated with them, as without a watch
+/// (1.05, 1.01, 1.01; `bench/auto_vs_forced.sh`, 2026-12-03).
+pub const WATCH_MIN_SECS_SHARED: f64 = 0.05;
+
+/// The calls a watch window holds for calls of `bytes` bytes decided at
+/// `us` a call, as `cpu_share` (the CPUs a rank has on its host,
+/// [`crate::tune::TuneCtx::cpu_share`]) says: [`WATCH_WINDOW`] x
+/// [`TURNS`] x the timed calls of a block, and where ranks share cores at
+/// least [`WATCH_MIN_SECS_SHARED`] of calls at `us` (where `us` is a
+/// time; every rank has the same, agreed on).
+pub fn watch_window(bytes: usize, us: f64, cpu_share: f64) -> usize {
+    let calls = WATCH_WINDOW * TURNS * trials(bytes).1;
+    let span = (WATCH_MIN_SECS_SHARED * 1e6 / us).ceil();
+    if cpu_share < 1.0 && span.is_finite() && span > 0.0 {
+        calls.max(span.min(1e9) as usize)
+    } else {
+        calls
+    }
+}
+
 /// Between reviews, the pick's own calls are timed in windows of
-/// [`WATCH_WINDOW`] x [`TURNS`] x the timed calls of a block, and the ranks
+/// [`WATCH_WINDOW`] x [`TURNS`] x the timed calls of a block (where ranks
+/// share cores, at least [`WATCH_MIN_SECS_SHARED`] of them), and the ranks
 /// agree on each window's mean (the maximum over ranks, one small
 /// AllReduce a window). The baseline is the pick's time in the turns it
 /// was decided on; two windows in a row more than [`WATCH_CHANGE`] away
@@ -415,6 +471,9 @@ pub const WATCH_CHANGE: f64 = 0.25;
 /// call and an AllReduce of one number a window.
 #[derive(Clone, Debug)]
 pub(crate) struct Watch {
+    /// The calls' bytes, and the CPUs a rank has ([`watch_window`]).
+    bytes: usize,
+    cpu_share: f64,
     /// Calls a window holds.
     window: usize,
     /// Calls in the current window, and their seconds.
@@ -431,10 +490,13 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
-    /// A watch for calls of `bytes` bytes.
-    pub(crate) fn new(bytes: usize) -> Watch {
+    /// A watch for calls of `bytes` bytes, where a rank has `cpu_share`
+    /// CPUs.
+    pub(crate) fn new(bytes: usize, cpu_share: f64) -> Watch {
         Watch {
-            window: WATCH_WINDOW * TURNS * trials(bytes).1,
+            bytes,
+            cpu_share,
+            window: watch_window(bytes, f64::NAN, cpu_share),
             calls: 0,
             secs: 0.0,
             baseline: None,
@@ -479,6 +541,7 @@ impl Watch {
     /// next windows' baseline, unless this watch asked for the review and
     /// the pick stayed (then the next window's).
     pub(crate) fn restart(&mut self, us: f64, kept: bool) {
+        self.window = watch_window(self.bytes, us, self.cpu_share);
         self.calls = 0;
         self.secs = 0.0;
         self.baseline = (!(self.asked && kept)).then_some(us);
@@ -666,7 +729,7 @@ mod tests {
     #[test]
     fn a_watch_reviews_when_the_pick_slows_or_speeds_by_a_quarter() {
         let bytes = 1 << 20;
-        let mut w = Watch::new(bytes);
+        let mut w = Watch::new(bytes, 1.0);
         let window = WATCH_WINDOW * TURNS * trials(bytes).1;
         assert_eq!(window, 60);
         // Decided at 100 us a call: the baseline.
@@ -714,6 +777,40 @@ mod tests {
         w.restart(100.0, true);
         assert!(!w.agreed(30.0));
         assert!(w.agreed(30.0));
+    }
+
+    #[test]
+    fn a_watch_window_spans_at_least_its_seconds_where_ranks_share_cores() {
+        let bytes = 1 << 20;
+        let calls = WATCH_WINDOW * TURNS * trials(bytes).1;
+        assert_eq!(Watch::new(bytes, 0.5).window, calls);
+        // A core per rank: the calls' count, however quick the calls.
+        let mut w = Watch::new(bytes, 1.0);
+        w.restart(8.0, false);
+        assert_eq!(w.window, calls);
+        let mut w = Watch::new(bytes, 0.5);
+        // Slow calls: the calls' count rules (2 ms x 60 > 50 ms).
+        w.restart(2000.0, false);
+        assert_eq!(w.window, calls);
+        // Quick ones: 50 ms of them (8 us a call: 6250 calls).
+        w.restart(8.0, false);
+        assert_eq!(
+            w.window,
+            (WATCH_MIN_SECS_SHARED * 1e6 / 8.0).ceil() as usize
+        );
+        assert_eq!(w.window, 6250);
+        // A time that went wrong (0, not a number): the calls' count.
+        for us in [0.0, f64::NAN, -1.0] {
+            w.restart(us, false);
+            assert_eq!(w.window, calls, "{us}");
+        }
+    }
+
+    #[test]
+    fn candidates_spread_wider_and_fewer_where_ranks_share_cores() {
+        assert_eq!(spread(1.0), (SPREAD, MAX_CANDIDATES));
+        assert_eq!(spread(0.5), SPREAD_SHARED);
+        assert!(SPREAD_SHARED.0 > SPREAD && SPREAD_SHARED.1 < MAX_CANDIDATES);
     }
 
     #[test]
