@@ -687,6 +687,7 @@ impl Core {
             turns,
             changed,
             moved,
+            unsettled,
         } = t.trials.agreed(&us);
         if let Some(w) = &t.watch {
             w.lock().restart(d.us, !changed);
@@ -694,18 +695,23 @@ impl Core {
         let reviews = t.trials.reviews();
         // The next review: REVIEW_GAP times a turn's span in Auto's
         // collectives (the same count on every rank), doubling while
-        // reviews keep the pick or change it for little.
+        // reviews keep the pick or change it for little; at the shape's
+        // next call where the decision is unsettled (the gap then stays).
         let (first, most) = crate::tune::online::review_gaps(self.tune.cpu_share);
         t.gap = if reviews == 0 || moved {
             first
+        } else if unsettled {
+            t.gap
         } else {
             (t.gap * 2).min(most)
         };
         let span = (colls - t.stretch_from) / turns as u64;
-        let at = if self.config.review {
-            colls.saturating_add(t.gap.saturating_mul(span.max(1)))
-        } else {
+        let at = if !self.config.review {
             u64::MAX
+        } else if unsettled {
+            colls
+        } else {
+            colls.saturating_add(t.gap.saturating_mul(span.max(1)))
         };
         t.review_at = Some(at);
         self.review_from = self.review_from.min(at);
@@ -725,6 +731,7 @@ impl Core {
             picked = plan_name(&d),
             reviews,
             changed,
+            unsettled,
             "online tuning"
         );
         Ok(())

@@ -68,7 +68,16 @@
 //! more than [`KEEP_PICK`] faster). Each review that keeps the pick, or
 //! changes it for one less than [`RESET_GAIN`] faster, doubles the gap to
 //! the next, up to [`REVIEW_GAP_MAX`]; one that changes it for more resets
-//! the gap. A review is due by the communicator's count of the collectives
+//! the gap. A decision whose last turn alone has another candidate faster
+//! than the pick by more than [`RESET_GAIN`] is unsettled: one more turn
+//! follows at the shape's next call, the gap left as it was, so that a
+//! machine that changed since the earlier turns moves the pick after two
+//! turns (two of the last three) rather than after the next gap (4 ranks
+//! on 2 cores, AllReduce of 64 KiB: a review's turn had halving-doubling
+//! at 38.5 us against the ring's 61.5, the median of three kept the ring,
+//! and the next review, 4 turns' span later, changed it; Auto ran the ring
+//! through half the bench's rounds, 1.26x the best); a follow-up is never
+//! followed up. A review is due by the communicator's count of the collectives
 //! that left the algorithm to the tuner (calls with an algorithm forced do
 //! not count), which every rank keeps alike, so it starts at the same call
 //! everywhere (the engine then clears its paths that skip the tuner). What
@@ -207,6 +216,11 @@ pub(crate) struct Agreed {
     /// A review changed the pick to one faster by more than
     /// [`RESET_GAIN`].
     pub moved: bool,
+    /// The pick stayed, but in the stretch's last turn another candidate
+    /// was faster than it by more than [`RESET_GAIN`] (and the stretch was
+    /// not itself such a follow-up): one more turn, at the shape's next
+    /// call, with the gap to the review after it left as it was.
+    pub unsettled: bool,
 }
 
 /// Untimed and timed calls in a candidate's block (one per turn) for a
@@ -250,6 +264,9 @@ pub(crate) struct Trials {
     pick: Option<(usize, f64)>,
     /// Decisions after the first.
     reviews: usize,
+    /// The current stretch follows an unsettled decision
+    /// ([`Agreed::unsettled`]).
+    follow_up: bool,
 }
 
 impl Trials {
@@ -268,6 +285,7 @@ impl Trials {
             history: Vec::new(),
             pick: None,
             reviews: 0,
+            follow_up: false,
         }
     }
 
@@ -372,11 +390,19 @@ impl Trials {
         let changed = before.is_some_and(|b| b != best);
         let moved =
             before.is_some_and(|b| paired(&self.history, k, best, b) * (1.0 + RESET_GAIN) < 1.0);
+        // The last turn alone against the pick: a clear loss there is
+        // either noise or a machine that changed since the turns before,
+        // and one more turn tells which (two of the last three turns).
+        let last = &self.history[self.history.len() - k..];
+        let lost = (0..k).any(|c| last[c] * (1.0 + RESET_GAIN) < last[best]);
+        let unsettled = !changed && !self.follow_up && lost;
+        self.follow_up = unsettled;
         Agreed {
             pick: self.decided().expect("just decided"),
             turns: stretch,
             changed,
             moved,
+            unsettled,
         }
     }
 
@@ -695,19 +721,21 @@ mod tests {
         assert_eq!(t.next(), (cands()[TURNS % 3], false));
         // The tree becomes fastest: one review turn is not enough to switch
         // (median over the last TURNS turns), a second is.
+        // The review's turn alone says the tree, by more than RESET_GAIN:
+        // unsettled, one more turn follows at once.
         let tree_fast = |c: usize| [2.0, 1.0, 3.0][c];
         assert_eq!(run_stretch(&mut t, tree_fast), 3 * block);
         let a = t.agreed(&t.means_us());
         assert_eq!(
-            (a.pick.algorithm, a.turns, a.changed),
-            (Algorithm::Ring, 1, false)
+            (a.pick.algorithm, a.turns, a.changed, a.unsettled),
+            (Algorithm::Ring, 1, false, true)
         );
         run_stretch(&mut t, tree_fast);
         let a = t.agreed(&t.means_us());
         // Twice as fast: a change that resets the gap to the next review.
         assert_eq!(
-            (a.pick.algorithm, a.pick.us, a.changed, a.moved),
-            (Algorithm::Tree, 4e6 / 3.0, true, true)
+            (a.pick.algorithm, a.pick.us, a.changed, a.moved, a.unsettled),
+            (Algorithm::Tree, 4e6 / 3.0, true, true, false)
         );
         assert_eq!(t.reviews(), 2);
         // Back and forth by 2%: the pick (now the tree) stays.
@@ -724,6 +752,30 @@ mod tests {
             assert_eq!((a.changed, a.moved), (i == TURNS / 2, false), "{i}");
         }
         assert_eq!(t.decided().unwrap().algorithm, Algorithm::Ring);
+        // A turn where the tree is 20% faster: unsettled; the turn after
+        // shows the ring ahead again (noise): the ring stays, settled.
+        run_stretch(&mut t, |c| [1.2, 1.0, 3.0][c]);
+        let a = t.agreed(&t.means_us());
+        assert_eq!((a.pick.algorithm, a.unsettled), (Algorithm::Ring, true));
+        run_stretch(&mut t, |c| [0.95, 1.0, 3.0][c]);
+        let a = t.agreed(&t.means_us());
+        assert_eq!((a.pick.algorithm, a.unsettled), (Algorithm::Ring, false));
+        // A follow-up is never followed up: the tree ahead by 20% in one
+        // turn, then direct by as much in the next keeps the ring (the
+        // median of the last three turns) without a third turn at once.
+        for _ in 0..2 {
+            run_stretch(&mut t, |c| [0.9, 1.0, 3.0][c]);
+            let a = t.agreed(&t.means_us());
+            assert_eq!((a.changed, a.unsettled), (false, false));
+        }
+        run_stretch(&mut t, |c| [1.2, 1.0, 3.0][c]);
+        assert!(t.agreed(&t.means_us()).unsettled);
+        run_stretch(&mut t, |c| [1.2, 3.0, 1.0][c]);
+        let a = t.agreed(&t.means_us());
+        assert_eq!(
+            (a.pick.algorithm, a.changed, a.unsettled),
+            (Algorithm::Ring, false, false)
+        );
     }
 
     #[test]
