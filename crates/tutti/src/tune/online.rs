@@ -68,9 +68,10 @@
 //! more than [`KEEP_PICK`] faster). Each review that keeps the pick, or
 //! changes it for one less than [`RESET_GAIN`] faster, doubles the gap to
 //! the next, up to [`REVIEW_GAP_MAX`]; one that changes it for more resets
-//! the gap. A decision whose last turn alone has another candidate faster
-//! than the pick by more than [`RESET_GAIN`] is unsettled: one more turn
-//! follows at the shape's next call, the gap left as it was, so that a
+//! the gap. A review that keeps the pick though its turn alone has another
+//! candidate faster than the pick by more than [`RESET_GAIN`] leaves the
+//! decision unsettled: one more turn follows at the shape's next call, the
+//! gap left as it was, so that a
 //! machine that changed since the earlier turns moves the pick after two
 //! turns (two of the last three) rather than after the next gap (4 ranks
 //! on 2 cores, AllReduce of 64 KiB: a review's turn had halving-doubling
@@ -216,8 +217,8 @@ pub(crate) struct Agreed {
     /// A review changed the pick to one faster by more than
     /// [`RESET_GAIN`].
     pub moved: bool,
-    /// The pick stayed, but in the stretch's last turn another candidate
-    /// was faster than it by more than [`RESET_GAIN`] (and the stretch was
+    /// A review kept the pick, but in its turn another candidate was
+    /// faster than the pick by more than [`RESET_GAIN`] (and the review was
     /// not itself such a follow-up): one more turn, at the shape's next
     /// call, with the gap to the review after it left as it was.
     pub unsettled: bool,
@@ -390,12 +391,13 @@ impl Trials {
         let changed = before.is_some_and(|b| b != best);
         let moved =
             before.is_some_and(|b| paired(&self.history, k, best, b) * (1.0 + RESET_GAIN) < 1.0);
-        // The last turn alone against the pick: a clear loss there is
+        // A review's turn alone against the pick: a clear loss there is
         // either noise or a machine that changed since the turns before,
         // and one more turn tells which (two of the last three turns).
+        // Not the first decision: its turns ran back to back.
         let last = &self.history[self.history.len() - k..];
         let lost = (0..k).any(|c| last[c] * (1.0 + RESET_GAIN) < last[best]);
-        let unsettled = !changed && !self.follow_up && lost;
+        let unsettled = before.is_some() && !changed && !self.follow_up && lost;
         self.follow_up = unsettled;
         Agreed {
             pick: self.decided().expect("just decided"),
@@ -704,6 +706,12 @@ mod tests {
         let bytes = 1 << 20;
         let (lead, per) = trials(bytes);
         let block = lead + per;
+        // A first decision is never unsettled: its turns ran back to back
+        // (here the tree is twice as fast in the last).
+        let mut t = Trials::new(cands(), bytes);
+        run_stretch(&mut t, |_| 1.0);
+        let a = t.agreed(&[1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 2.0, 1.0, 3.0]);
+        assert_eq!((a.pick.algorithm, a.unsettled), (Algorithm::Ring, false));
         let mut t = Trials::new(cands(), bytes);
         assert!(t.fresh() && t.decided().is_none());
         // The first stretch: the ring fastest.
