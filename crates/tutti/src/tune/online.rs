@@ -134,10 +134,17 @@ pub const SPREAD_SHARED: (f64, usize) = (4.0, 4);
 /// candidates at most, as `cpu_share` (the CPUs a rank has on its host,
 /// [`crate::tune::TuneCtx::cpu_share`]) says.
 pub fn spread(cpu_share: f64) -> (f64, usize) {
+    by_share(cpu_share, (SPREAD, MAX_CANDIDATES), SPREAD_SHARED)
+}
+
+/// `own` where every rank has a core (`cpu_share`, the CPUs a rank has on
+/// its host, at least 1), `shared` where ranks share cores: the one test
+/// behind each parameter online tuning sets apart for shared cores.
+fn by_share<T>(cpu_share: f64, own: T, shared: T) -> T {
     if cpu_share < 1.0 {
-        SPREAD_SHARED
+        shared
     } else {
-        (SPREAD, MAX_CANDIDATES)
+        own
     }
 }
 
@@ -189,11 +196,7 @@ pub const REVIEW_GAPS_SHARED: (u64, u64) = (2, 16);
 /// spans of Auto's collectives), as `cpu_share` (the CPUs a rank has on
 /// its host, [`crate::tune::TuneCtx::cpu_share`]) says.
 pub fn review_gaps(cpu_share: f64) -> (u64, u64) {
-    if cpu_share < 1.0 {
-        REVIEW_GAPS_SHARED
-    } else {
-        (REVIEW_GAP, REVIEW_GAP_MAX)
-    }
+    by_share(cpu_share, (REVIEW_GAP, REVIEW_GAP_MAX), REVIEW_GAPS_SHARED)
 }
 
 /// A review that changes the pick brings the gap to the next back to
@@ -463,8 +466,8 @@ pub const WATCH_MIN_SECS_SHARED: f64 = 0.05;
 /// time; every rank has the same, agreed on).
 pub fn watch_window(bytes: usize, us: f64, cpu_share: f64) -> usize {
     let calls = WATCH_WINDOW * TURNS * trials(bytes).1;
-    let span = (WATCH_MIN_SECS_SHARED * 1e6 / us).ceil();
-    if cpu_share < 1.0 && span.is_finite() && span > 0.0 {
+    let span = (by_share(cpu_share, 0.0, WATCH_MIN_SECS_SHARED) * 1e6 / us).ceil();
+    if span.is_finite() && span > 0.0 {
         calls.max(span.min(1e9) as usize)
     } else {
         calls
