@@ -425,7 +425,7 @@ fn forced_calls_do_not_bring_reviews_sooner() {
 /// bring the review forward. Here a peer that comes late to every call
 /// (rank 1 sleeps before each) moves it: the review follows within a few
 /// windows' calls, not the 16 turns' span it is otherwise due after (where
-/// each rank has a core).
+/// each rank has a core), and one more turn follows it at once.
 fn moved_pick_reviewed(c: &Communicator) {
     use tutti::tune::online::{trials, watch_window, TURNS, WATCH_MIN_BYTES};
     let gap = first_review_gap(c);
@@ -463,6 +463,17 @@ fn moved_pick_reviewed(c: &Communicator) {
     }
     assert_eq!(x, vec![1f32; count]);
     assert!(gap < 16 || 2 * window + 2 * span < gap * span);
+    // That review decided on its own turn alone (the turns before ran
+    // before the change) and is unsettled: one more turn follows at once,
+    // a second review a turn's span later.
+    let mut more = 0;
+    while c.tuning_reviews(shape.0, shape.1, shape.2) == 1 {
+        assert!(more < span, "no follow-up in {more} calls (a turn {span})");
+        c.all_reduce(&mut x, ReduceOp::Max).unwrap();
+        more += 1;
+    }
+    assert_eq!(more, span);
+    assert_eq!(c.tuning_reviews(shape.0, shape.1, shape.2), 2);
     // The calls after it run on (the AllReduce that agreed on the
     // window's mean is not a call to repeat).
     for _ in 0..8 {

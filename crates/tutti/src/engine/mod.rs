@@ -690,7 +690,7 @@ impl Core {
             unsettled,
         } = t.trials.agreed(&us);
         if let Some(w) = &t.watch {
-            w.lock().restart(d.us, !changed);
+            w.lock().restart(d.us, !changed, unsettled);
         }
         let reviews = t.trials.reviews();
         // The next review: REVIEW_GAP times a turn's span in Auto's
@@ -752,6 +752,7 @@ impl Core {
         if let Some(Shape::Tuned(t)) = self.shapes.get_mut(&w.key) {
             if t.review_at.is_some() {
                 t.review_at = Some(now);
+                t.trials.stale();
                 t.gap = crate::tune::online::review_gaps(self.tune.cpu_share).0;
                 self.review_from = now;
                 tracing::debug!(

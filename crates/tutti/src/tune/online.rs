@@ -94,8 +94,12 @@
 //! [`WATCH_CHANGE`] away from the pick's time in its trials bring the
 //! review forward to the shape's next call, so that a change of the
 //! machine is followed within a few windows rather than up to 128 turns'
-//! worth of calls later. `TUTTI_TUNE=once` keeps the first decision (and
-//! watches nothing).
+//! worth of calls later. Such a review decides on its own turn alone (the
+//! turns before it ran on the machine before the change) and is unsettled:
+//! one more turn follows, and the decision after it is on the two. The
+//! pick's time that windows are held against is its median over the turns
+//! decided on. `TUTTI_TUNE=once` keeps the first decision (and watches
+//! nothing).
 //!
 //! Every rank sees the same shapes in the same order and prices them alike
 //! (that is what lets the model choose without talking), so every rank
@@ -211,7 +215,8 @@ pub const RESET_GAIN: f64 = 0.10;
 /// What a stretch's end decided ([`Trials::agreed`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Agreed {
-    /// The pick, its `us` the mean time over the turns decided on.
+    /// The pick, its `us` the median of its times in the turns decided on
+    /// (of two, the higher).
     pub pick: Choice,
     /// Turns in the stretch that ended.
     pub turns: usize,
@@ -264,13 +269,17 @@ pub(crate) struct Trials {
     /// The agreed times (us) of the last [`TURNS`] turns, oldest first,
     /// `turn * k + c`.
     history: Vec<f64>,
-    /// The decided candidate (its index) and its mean time over `history`.
+    /// The decided candidate (its index) and its median time over
+    /// `history`.
     pick: Option<(usize, f64)>,
     /// Decisions after the first.
     reviews: usize,
     /// The current stretch follows an unsettled decision
     /// ([`Agreed::unsettled`]).
     follow_up: bool,
+    /// The turns before the current stretch are stale: the watch saw the
+    /// pick's time move ([`Trials::stale`]).
+    stale: bool,
 }
 
 impl Trials {
@@ -290,6 +299,7 @@ impl Trials {
             pick: None,
             reviews: 0,
             follow_up: false,
+            stale: false,
         }
     }
 
@@ -377,6 +387,10 @@ impl Trials {
     pub(crate) fn agreed(&mut self, us: &[f64]) -> Agreed {
         let k = self.cands.len();
         let stretch = self.turns();
+        let stale = std::mem::take(&mut self.stale);
+        if stale {
+            self.history.clear();
+        }
         self.history.extend_from_slice(us);
         let keep = TURNS * k;
         if self.history.len() > keep {
@@ -385,8 +399,11 @@ impl Trials {
         let before = self.pick.map(|p| p.0);
         let best = decide(&self.history, k, before.unwrap_or(0));
         let turns = self.history.len() / k;
-        let mean = (0..turns).map(|t| self.history[t * k + best]).sum::<f64>() / turns as f64;
-        self.pick = Some((best, mean));
+        // The pick's time: the median over the turns (the later of two),
+        // which a turn from before a change of the machine does not move.
+        let mut times: Vec<f64> = (0..turns).map(|t| self.history[t * k + best]).collect();
+        times.sort_by(f64::total_cmp);
+        self.pick = Some((best, times[turns / 2]));
         self.reviews += usize::from(before.is_some());
         self.turns_before += stretch;
         self.calls = 0;
@@ -400,7 +417,7 @@ impl Trials {
         // Not the first decision: its turns ran back to back.
         let last = &self.history[self.history.len() - k..];
         let lost = (0..k).any(|c| last[c] * (1.0 + RESET_GAIN) < last[best]);
-        let unsettled = before.is_some() && !changed && !self.follow_up && lost;
+        let unsettled = before.is_some() && (stale || !changed && !self.follow_up && lost);
         self.follow_up = unsettled;
         Agreed {
             pick: self.decided().expect("just decided"),
@@ -411,8 +428,15 @@ impl Trials {
         }
     }
 
-    /// The decision, once there is one; its `us` is the winner's mean time
-    /// over the turns it was decided on.
+    /// The machine changed since the turns decided on (the watch saw the
+    /// pick's time move): the next review decides on its own turn alone,
+    /// and is unsettled (one more turn follows, decided on the two).
+    pub(crate) fn stale(&mut self) {
+        self.stale = !self.first();
+    }
+
+    /// The decision, once there is one; its `us` is the winner's median
+    /// time over the turns it was decided on (of two, the higher).
     pub(crate) fn decided(&self) -> Option<Choice> {
         self.pick.map(|(c, us)| Choice {
             us,
@@ -446,8 +470,9 @@ pub const WATCH_WINDOW: usize = 2;
 /// forward to the shape's next call.
 pub const WATCH_CHANGE: f64 = 0.25;
 
-/// Where ranks share cores, a window also spans at least this many
-/// seconds of the pick's calls (at the time per call it was decided at).
+/// Where ranks share cores, a window spans this many seconds of the
+/// pick's calls (at the time per call it was decided at; at least
+/// [`MIN_TRIALS`] calls) rather than a count of calls.
 /// The AllReduce that ends a window makes the ranks wait for each other,
 /// and where they share cores that wait costs sleeps, wake-ups and the
 /// pipelining of the calls around it: 4 ranks on 2 cores, Reduce of 64
@@ -455,20 +480,26 @@ pub const WATCH_CHANGE: f64 = 0.25;
 /// the pick's forced time in rounds with no review, and at 1.17, 1.27 and
 /// 1.17x the best forced algorithm in three runs; with this minimum, 1.03,
 /// 1.06 and 1.03 in the runs alternated with them, as without a watch
-/// (1.05, 1.01, 1.01; `bench/auto_vs_forced.sh`, 2026-12-03).
+/// (1.05, 1.01, 1.01; `bench/auto_vs_forced.sh`, 2026-12-03). Large calls
+/// need fewer than the count: a window of 18 calls of 64 MiB lasts about
+/// 0.5 s, and the bench's rounds of that size give Auto 63 calls in all,
+/// in which two windows in a row rarely both moved (Reduce of 64 MiB: the
+/// ring, picked at a review, ran 1.17x the best through the rounds, its
+/// windows 1.31x and then 1.07x its baseline, no review; 50 ms is about
+/// one window a round there, 2026-12-03).
 pub const WATCH_MIN_SECS_SHARED: f64 = 0.05;
 
 /// The calls a watch window holds for calls of `bytes` bytes decided at
 /// `us` a call, as `cpu_share` (the CPUs a rank has on its host,
 /// [`crate::tune::TuneCtx::cpu_share`]) says: [`WATCH_WINDOW`] x
-/// [`TURNS`] x the timed calls of a block, and where ranks share cores at
-/// least [`WATCH_MIN_SECS_SHARED`] of calls at `us` (where `us` is a
-/// time; every rank has the same, agreed on).
+/// [`TURNS`] x the timed calls of a block, and where ranks share cores
+/// [`WATCH_MIN_SECS_SHARED`] of calls at `us`, at least [`MIN_TRIALS`]
+/// (where `us` is a time; every rank has the same, agreed on).
 pub fn watch_window(bytes: usize, us: f64, cpu_share: f64) -> usize {
     let calls = WATCH_WINDOW * TURNS * trials(bytes).1;
     let span = (by_share(cpu_share, 0.0, WATCH_MIN_SECS_SHARED) * 1e6 / us).ceil();
     if span.is_finite() && span > 0.0 {
-        calls.max(span.min(1e9) as usize)
+        MIN_TRIALS.max(span.min(1e9) as usize)
     } else {
         calls
     }
@@ -476,15 +507,16 @@ pub fn watch_window(bytes: usize, us: f64, cpu_share: f64) -> usize {
 
 /// Between reviews, the pick's own calls are timed in windows of
 /// [`WATCH_WINDOW`] x [`TURNS`] x the timed calls of a block (where ranks
-/// share cores, at least [`WATCH_MIN_SECS_SHARED`] of them), and the ranks
-/// agree on each window's mean (the maximum over ranks, one small
-/// AllReduce a window). The baseline is the pick's time in the turns it
-/// was decided on; two windows in a row more than [`WATCH_CHANGE`] away
-/// from it (slower or faster) say the machine changed, and the shape is
-/// reviewed at its next call, as a review that was due. Where such a review
-/// keeps the pick, the pick's calls run at another speed than its trials
-/// measured, and the first window after it is the baseline instead (else
-/// the watch would review again and again).
+/// share cores, [`WATCH_MIN_SECS_SHARED`] of them: [`watch_window`]), and
+/// the ranks agree on each window's mean (the maximum over ranks, one
+/// small AllReduce a window). The baseline is the pick's time in the
+/// turns it was decided on (their median); two windows in a row more than
+/// [`WATCH_CHANGE`] away from it (slower or faster) say the machine
+/// changed, and the shape is reviewed at its next call, on its own turn
+/// and one more ([`Trials::stale`]). Where that review and its follow-up
+/// keep the pick, the pick's calls run at another speed than its trials
+/// measured, and the first window after them is the baseline instead
+/// (else the watch would review again and again).
 ///
 /// Why: the fastest algorithm changes with the machine's state, and
 /// between scheduled reviews, up to 128 turns' worth of calls apart, Auto
@@ -518,6 +550,9 @@ pub(crate) struct Watch {
     moved: bool,
     /// The review now running (or last ended) is this watch's.
     asked: bool,
+    /// A stretch since the watch asked changed the pick (the review, or
+    /// its follow-up).
+    changed: bool,
 }
 
 impl Watch {
@@ -533,6 +568,7 @@ impl Watch {
             baseline: None,
             moved: false,
             asked: false,
+            changed: false,
         }
     }
 
@@ -568,16 +604,24 @@ impl Watch {
     }
 
     /// A stretch of trials ended with the pick taking `us` a call in the
-    /// turns decided on (`kept`: the pick before it stays): that is the
+    /// turns decided on (`kept`: the pick before it stays; `more`: the
+    /// decision is unsettled, one more turn follows at once): that is the
     /// next windows' baseline, unless this watch asked for the review and
-    /// the pick stayed (then the next window's).
-    pub(crate) fn restart(&mut self, us: f64, kept: bool) {
+    /// the pick stayed through it and its follow-up (then the next
+    /// window's).
+    pub(crate) fn restart(&mut self, us: f64, kept: bool, more: bool) {
         self.window = watch_window(self.bytes, us, self.cpu_share);
         self.calls = 0;
         self.secs = 0.0;
-        self.baseline = (!(self.asked && kept)).then_some(us);
         self.moved = false;
+        self.changed |= !kept;
+        if more {
+            self.baseline = None;
+            return;
+        }
+        self.baseline = (!self.asked || self.changed).then_some(us);
         self.asked = false;
+        self.changed = false;
     }
 }
 
@@ -746,7 +790,7 @@ mod tests {
         // Twice as fast: a change that resets the gap to the next review.
         assert_eq!(
             (a.pick.algorithm, a.pick.us, a.changed, a.moved, a.unsettled),
-            (Algorithm::Tree, 4e6 / 3.0, true, true, false)
+            (Algorithm::Tree, 1e6, true, true, false)
         );
         assert_eq!(t.reviews(), 2);
         // Back and forth by 2%: the pick (now the tree) stays.
@@ -790,13 +834,64 @@ mod tests {
     }
 
     #[test]
+    fn a_review_the_watch_asked_for_decides_on_the_turns_after_it() {
+        let bytes = 1 << 20;
+        let mut t = Trials::new(cands(), bytes);
+        // Before the first decision there are no turns to drop.
+        t.stale();
+        run_stretch(&mut t, |c| [1.0, 2.0, 3.0][c]);
+        let a = t.agreed(&t.means_us());
+        assert_eq!((a.pick.algorithm, a.unsettled), (Algorithm::Ring, false));
+        // Three turns with the ring ahead: the history.
+        for _ in 0..TURNS {
+            run_stretch(&mut t, |c| [1.0, 2.0, 3.0][c]);
+            assert!(!t.agreed(&t.means_us()).changed);
+        }
+        // The machine changes; the watch asks for a review. Its turn alone
+        // decides (direct, against the ring's two turns ahead before), and
+        // one more turn follows at once.
+        t.stale();
+        run_stretch(&mut t, |c| [2.0, 3.0, 1.0][c]);
+        let a = t.agreed(&t.means_us());
+        assert_eq!(
+            (a.pick.algorithm, a.pick.us, a.changed, a.moved, a.unsettled),
+            (Algorithm::Direct, 1e6, true, true, true)
+        );
+        // The follow-up decides on the two turns since the change: direct
+        // ahead in both stays, settled; its time the higher of the two.
+        run_stretch(&mut t, |c| [2.0, 3.0, 1.5][c]);
+        let a = t.agreed(&t.means_us());
+        assert_eq!(
+            (a.pick.algorithm, a.pick.us, a.changed, a.unsettled),
+            (Algorithm::Direct, 1.5e6, false, false)
+        );
+        // A review the watch asked for that keeps the pick is unsettled
+        // too; its follow-up decides on the two turns since the change,
+        // where another must be ahead in both (the ring, 20% ahead in the
+        // second only, does not move it), and is settled.
+        t.stale();
+        run_stretch(&mut t, |c| [2.0, 3.0, 1.0][c]);
+        let a = t.agreed(&t.means_us());
+        assert_eq!(
+            (a.pick.algorithm, a.changed, a.unsettled),
+            (Algorithm::Direct, false, true)
+        );
+        run_stretch(&mut t, |c| [1.0, 3.0, 1.2][c]);
+        let a = t.agreed(&t.means_us());
+        assert_eq!(
+            (a.pick.algorithm, a.changed, a.unsettled),
+            (Algorithm::Direct, false, false)
+        );
+    }
+
+    #[test]
     fn a_watch_reviews_when_the_pick_slows_or_speeds_by_a_quarter() {
         let bytes = 1 << 20;
         let mut w = Watch::new(bytes, 1.0);
         let window = WATCH_WINDOW * TURNS * trials(bytes).1;
         assert_eq!(window, 60);
         // Decided at 100 us a call: the baseline.
-        w.restart(100.0, true);
+        w.restart(100.0, true, false);
         for i in 0..window {
             assert_eq!(w.add(100e-6), i == window - 1);
         }
@@ -819,7 +914,7 @@ mod tests {
         // The review keeps the pick, decided at 100 us again: the calls
         // run at another speed than the trials, so the next window (130)
         // is the baseline, and 130 and 150 are within a quarter of it.
-        w.restart(100.0, true);
+        w.restart(100.0, true, false);
         for us in [130.0, 130.0, 150.0, 130.0] {
             assert!(!w.agreed(us), "{us}");
         }
@@ -828,18 +923,35 @@ mod tests {
         assert!(w.agreed(100.0));
         // This time the review changes the pick: its trial time (50) is
         // the baseline.
-        w.restart(50.0, false);
+        w.restart(50.0, false, false);
         assert!(!w.agreed(70.0));
         assert!(w.agreed(70.0));
         // That review changes the pick again (to one at 60 us); then a
         // review that was due (not the watch's) keeps it: its trial time
         // is the baseline, and a moved window before it does not count.
-        w.restart(60.0, false);
+        w.restart(60.0, false, false);
         assert!(!w.agreed(30.0));
         w.add(1.0);
-        w.restart(100.0, true);
+        w.restart(100.0, true, false);
         assert!(!w.agreed(30.0));
         assert!(w.agreed(30.0));
+        // The watch's review is unsettled and keeps the pick, and so does
+        // its follow-up: the next window (30) is the baseline.
+        w.restart(100.0, true, true);
+        w.restart(100.0, true, false);
+        for us in [30.0, 30.0, 36.0, 36.0] {
+            assert!(!w.agreed(us), "{us}");
+        }
+        assert!(!w.agreed(60.0));
+        assert!(w.agreed(60.0));
+        // This time the review changes the pick and the follow-up keeps
+        // the new one: its time in the turns since the change (70) is the
+        // baseline.
+        w.restart(50.0, false, true);
+        w.restart(70.0, true, false);
+        assert!(!w.agreed(80.0));
+        assert!(!w.agreed(100.0));
+        assert!(w.agreed(100.0));
     }
 
     #[test]
@@ -849,14 +961,17 @@ mod tests {
         assert_eq!(Watch::new(bytes, 0.5).window, calls);
         // A core per rank: the calls' count, however quick the calls.
         let mut w = Watch::new(bytes, 1.0);
-        w.restart(8.0, false);
+        w.restart(8.0, false, false);
         assert_eq!(w.window, calls);
         let mut w = Watch::new(bytes, 0.5);
-        // Slow calls: the calls' count rules (2 ms x 60 > 50 ms).
-        w.restart(2000.0, false);
-        assert_eq!(w.window, calls);
+        // Slow calls: 50 ms of them, fewer than the calls' count (2 ms a
+        // call: 25), and at least MIN_TRIALS (40 ms a call: 3, not 2).
+        w.restart(2000.0, false, false);
+        assert_eq!(w.window, 25);
+        w.restart(40_000.0, false, false);
+        assert_eq!(w.window, MIN_TRIALS);
         // Quick ones: 50 ms of them (8 us a call: 6250 calls).
-        w.restart(8.0, false);
+        w.restart(8.0, false, false);
         assert_eq!(
             w.window,
             (WATCH_MIN_SECS_SHARED * 1e6 / 8.0).ceil() as usize
@@ -864,7 +979,7 @@ mod tests {
         assert_eq!(w.window, 6250);
         // A time that went wrong (0, not a number): the calls' count.
         for us in [0.0, f64::NAN, -1.0] {
-            w.restart(us, false);
+            w.restart(us, false, false);
             assert_eq!(w.window, calls, "{us}");
         }
     }
