@@ -399,7 +399,7 @@ impl Trials {
         let before = self.pick.map(|p| p.0);
         let best = decide(&self.history, k, before.unwrap_or(0));
         let turns = self.history.len() / k;
-        // The pick's time: the median over the turns (the later of two),
+        // The pick's time: the median over the turns (of two, the higher),
         // which a turn from before a change of the machine does not move.
         let mut times: Vec<f64> = (0..turns).map(|t| self.history[t * k + best]).collect();
         times.sort_by(f64::total_cmp);
