@@ -884,6 +884,14 @@ mod tests {
         );
     }
 
+    /// Ends windows with these agreed means, none of which asks for a
+    /// review.
+    fn quiet(w: &mut Watch, windows: &[f64]) {
+        for &us in windows {
+            assert!(!w.agreed(us), "{us}");
+        }
+    }
+
     #[test]
     fn a_watch_reviews_when_the_pick_slows_or_speeds_by_a_quarter() {
         let bytes = 1 << 20;
@@ -915,11 +923,9 @@ mod tests {
         // run at another speed than the trials, so the next window (130)
         // is the baseline, and 130 and 150 are within a quarter of it.
         w.restart(100.0, true, false);
-        for us in [130.0, 130.0, 150.0, 130.0] {
-            assert!(!w.agreed(us), "{us}");
-        }
+        quiet(&mut w, &[130.0, 130.0, 150.0, 130.0]);
         // Faster by more than a quarter (100 over 130), twice: review.
-        assert!(!w.agreed(100.0));
+        quiet(&mut w, &[100.0]);
         assert!(w.agreed(100.0));
         // This time the review changes the pick: its trial time (50) is
         // the baseline.
@@ -939,10 +945,7 @@ mod tests {
         // its follow-up: the next window (30) is the baseline.
         w.restart(100.0, true, true);
         w.restart(100.0, true, false);
-        for us in [30.0, 30.0, 36.0, 36.0] {
-            assert!(!w.agreed(us), "{us}");
-        }
-        assert!(!w.agreed(60.0));
+        quiet(&mut w, &[30.0, 30.0, 36.0, 36.0, 60.0]);
         assert!(w.agreed(60.0));
         // This time the review changes the pick and the follow-up keeps
         // the new one: its time in the turns since the change (70) is the
