@@ -291,8 +291,12 @@ fn algorithm_table(comm: &Communicator, dtype: DataType) -> String {
         s += "\n";
     }
     if comm.config().online {
-        s += "(the cost model's picks; where it prices other algorithms within 2x, Auto times them on \
-              a shape's first calls and keeps the fastest: TUTTI_TUNE, docs/algorithms.md)\n";
+        // Where ranks share cores the tuner tries a wider spread.
+        let (spread, _) = tutti::tune::online::spread(comm.topology().cpu_share());
+        s += &format!(
+            "(the cost model's picks; where it prices other algorithms within {spread}x, Auto times \
+             them on a shape's first calls and keeps the fastest: TUTTI_TUNE, docs/algorithms.md)\n"
+        );
     }
     s
 }
