@@ -401,9 +401,8 @@ impl Trials {
         let turns = self.history.len() / k;
         // The pick's time: the median over the turns (of two, the higher),
         // which a turn from before a change of the machine does not move.
-        let mut times: Vec<f64> = (0..turns).map(|t| self.history[t * k + best]).collect();
-        times.sort_by(f64::total_cmp);
-        self.pick = Some((best, times[turns / 2]));
+        let times = (0..turns).map(|t| self.history[t * k + best]);
+        self.pick = Some((best, upper_median(times)));
         self.reviews += usize::from(before.is_some());
         self.turns_before += stretch;
         self.calls = 0;
@@ -647,12 +646,19 @@ pub(crate) fn decide(us: &[f64], k: usize, reference: usize) -> usize {
 /// the same turn; not a number counts as infinitely slow.
 fn paired(us: &[f64], k: usize, c: usize, reference: usize) -> f64 {
     let turns = us.len() / k;
-    let mut r: Vec<f64> = (0..turns)
-        .map(|t| us[t * k + c] / us[t * k + reference])
-        .map(|x| if x.is_nan() { f64::INFINITY } else { x })
-        .collect();
-    r.sort_by(f64::total_cmp);
-    r[turns / 2]
+    upper_median(
+        (0..turns)
+            .map(|t| us[t * k + c] / us[t * k + reference])
+            .map(|x| if x.is_nan() { f64::INFINITY } else { x }),
+    )
+}
+
+/// The median of `v` (at least one value); of an even count, the higher
+/// of the middle two.
+fn upper_median(v: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = v.collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 #[cfg(test)]
