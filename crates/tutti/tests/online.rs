@@ -286,11 +286,13 @@ fn tuned_count(c: &Communicator) -> usize {
 /// Calls of `count` elements by which online tuning has reviewed its
 /// decision twice: the first decision, 16 turns' span, a review, 32 turns'
 /// span, a review (`MAX_CANDIDATES` algorithms and the streaming twin at
-/// most), twice over.
+/// most), twice over; where ranks share cores, either gap may be up to
+/// `REVIEW_FLOOR_MAX` spans (at least 50 ms of calls between reviews).
 fn review_bound(count: usize) -> usize {
-    use tutti::tune::online::{trials, MAX_CANDIDATES};
+    use tutti::tune::online::{trials, MAX_CANDIDATES, REVIEW_FLOOR_MAX};
     let (lead, per) = trials(count * 4);
-    2 * (lead + per) * (1 + (MAX_CANDIDATES + 1) * (3 + 1 + 16 + 1 + 32))
+    let gap = |g: usize| g.max(REVIEW_FLOOR_MAX as usize);
+    2 * (lead + per) * (1 + (MAX_CANDIDATES + 1) * (3 + 1 + gap(16) + 1 + gap(32)))
 }
 
 /// Calls of one tuned AllReduce shape, made differently on each rank as in

@@ -695,8 +695,11 @@ impl Core {
         let reviews = t.trials.reviews();
         // The next review: REVIEW_GAP times a turn's span in Auto's
         // collectives (the same count on every rank), doubling while
-        // reviews keep the pick or change it for little; at the shape's
-        // next call where the decision is unsettled (the gap then stays).
+        // reviews keep the pick or change it for little, and where ranks
+        // share cores at least REVIEW_MIN_SECS_SHARED of the pick's calls
+        // for a shape too small to watch;
+        // at the shape's next call where the decision is unsettled (the gap
+        // then stays).
         let (first, most) = crate::tune::online::review_gaps(self.tune.cpu_share);
         t.gap = if reviews == 0 || moved {
             first
@@ -711,7 +714,15 @@ impl Core {
         } else if unsettled {
             colls
         } else {
-            colls.saturating_add(t.gap.saturating_mul(span.max(1)))
+            let pace = t.trials.pace_us().unwrap_or(d.us);
+            let bytes = key.0.count * key.1.size();
+            let floor = crate::tune::online::review_floor(
+                bytes,
+                t.trials.turn_calls(),
+                pace,
+                self.tune.cpu_share,
+            );
+            colls.saturating_add(t.gap.max(floor).saturating_mul(span.max(1)))
         };
         t.review_at = Some(at);
         self.review_from = self.review_from.min(at);

@@ -212,6 +212,41 @@ pub fn review_gaps(cpu_share: f64) -> (u64, u64) {
 /// change kept reviews at their most frequent.
 pub const RESET_GAIN: f64 = 0.10;
 
+/// Where ranks share cores, the reviews of a shape under
+/// [`WATCH_MIN_BYTES`] come at least this many seconds of its pick's calls
+/// apart ([`review_floor`]). A review there costs about a millisecond
+/// more than its candidates' own times: each switch between candidates,
+/// and the one back to the pick, throws the ranks out of the rhythm they
+/// keep in a loop, and calls of a few microseconds run slow for a while
+/// (4 ranks on 2 cores, ReduceScatter of 8 B: direct 3.6-5.5 us a call in
+/// the reviews' turns, 2.6-4.0 in a loop). Gaps counted in turns' spans
+/// alone (2 to 16) brought such a shape's reviews every few milliseconds:
+/// `bench/auto_vs_forced.sh 4 reduce_scatter 8 512` had Auto at
+/// 1.07-1.13x its own pick forced, with 28-37 reviews in the rounds.
+/// Watched shapes keep their gaps: their reviews are what mends a pick the
+/// machine left behind, and with this floor on every shape, three runs
+/// at 64 KiB-64 MiB had 2, 1 and 1 cells over 1.10 against 1, 0 and 0
+/// without (alternated).
+pub const REVIEW_MIN_SECS_SHARED: f64 = 0.05;
+
+/// The most turns' spans [`review_floor`] asks for.
+pub const REVIEW_FLOOR_MAX: u64 = 256;
+
+/// The fewest turns' spans to the next review of a shape of `bytes`
+/// bytes: none where every rank has a core (`cpu_share`, as [`spread`]
+/// takes it) or for a watched shape (`bytes` at least
+/// [`WATCH_MIN_BYTES`]); else as many as [`REVIEW_MIN_SECS_SHARED`] of
+/// `turn` calls at `pace_us` (the pick's best time in the turns decided
+/// on; the ranks agree on it) take, at most [`REVIEW_FLOOR_MAX`].
+pub fn review_floor(bytes: usize, turn: usize, pace_us: f64, cpu_share: f64) -> u64 {
+    let secs = by_share(cpu_share, 0.0, REVIEW_MIN_SECS_SHARED);
+    let span = turn as f64 * pace_us;
+    if !(span > 0.0 && secs > 0.0) || bytes >= WATCH_MIN_BYTES {
+        return 0;
+    }
+    (secs * 1e6 / span).ceil().min(REVIEW_FLOOR_MAX as f64) as u64
+}
+
 /// What a stretch's end decided ([`Trials::agreed`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Agreed {
@@ -446,6 +481,21 @@ impl Trials {
     /// Decisions after the first.
     pub(crate) fn reviews(&self) -> usize {
         self.reviews
+    }
+
+    /// The pick's best time (us) in the turns decided on: the pace
+    /// [`review_floor`] takes for its calls between reviews.
+    pub(crate) fn pace_us(&self) -> Option<f64> {
+        let (best, _) = self.pick?;
+        let k = self.cands.len();
+        (0..self.history.len() / k)
+            .map(|t| self.history[t * k + best])
+            .min_by(f64::total_cmp)
+    }
+
+    /// Calls in a turn: a block of each candidate.
+    pub(crate) fn turn_calls(&self) -> usize {
+        self.cands.len() * (self.lead + self.per)
     }
 
     /// The candidates, the model's pick first.
@@ -837,6 +887,33 @@ mod tests {
             (a.pick.algorithm, a.changed, a.unsettled),
             (Algorithm::Ring, false, false)
         );
+    }
+
+    #[test]
+    fn reviews_of_quick_shapes_come_seconds_apart_where_ranks_share_cores() {
+        // A turn of 400 calls at 2.5 us takes 1 ms: 50 of them where
+        // ranks share cores; no floor where every rank has a core, nor for
+        // a watched shape.
+        let small = WATCH_MIN_BYTES - 4;
+        assert_eq!(review_floor(small, 400, 2.5, 0.5), 50);
+        assert_eq!(review_floor(small, 400, 2.5, 1.0), 0);
+        assert_eq!(review_floor(WATCH_MIN_BYTES, 400, 2.5, 0.5), 0);
+        // A turn longer than the seconds: one span.
+        assert_eq!(review_floor(8, 16, 25_000.0, 0.5), 1);
+        // Bounded, and nothing from a time that went wrong.
+        assert_eq!(review_floor(8, 400, 1e-6, 0.5), REVIEW_FLOOR_MAX);
+        assert_eq!(review_floor(8, 400, f64::NAN, 0.5), 0);
+        assert_eq!(review_floor(8, 0, 2.5, 0.5), 0);
+        // The pace is the pick's best turn: the ring at 3, 1 and 2 us.
+        let bytes = 1 << 20;
+        let mut t = Trials::new(cands(), bytes);
+        assert_eq!(t.pace_us(), None);
+        let (lead, per) = trials(bytes);
+        assert_eq!(t.turn_calls(), 3 * (lead + per));
+        run_stretch(&mut t, |c| [1.0, 2.0, 3.0][c]);
+        t.agreed(&[3.0, 4.0, 5.0, 1.0, 4.0, 5.0, 2.0, 4.0, 5.0]);
+        assert_eq!(t.decided().unwrap().algorithm, Algorithm::Ring);
+        assert_eq!(t.pace_us(), Some(1.0));
     }
 
     #[test]
