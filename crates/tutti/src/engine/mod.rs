@@ -695,11 +695,10 @@ impl Core {
         let reviews = t.trials.reviews();
         // The next review: REVIEW_GAP times a turn's span in Auto's
         // collectives (the same count on every rank), doubling while
-        // reviews keep the pick or change it for little, and where ranks
-        // share cores at least REVIEW_MIN_SECS_SHARED of the pick's calls
-        // for a shape too small to watch;
-        // at the shape's next call where the decision is unsettled (the gap
-        // then stays).
+        // reviews keep the pick or change it for little (where ranks share
+        // cores, a shape too small to watch waits at least
+        // REVIEW_MIN_SECS_SHARED of its pick's calls); at the shape's next
+        // call where the decision is unsettled (the gap then stays).
         let (first, most) = crate::tune::online::review_gaps(self.tune.cpu_share);
         t.gap = if reviews == 0 || moved {
             first
