@@ -218,8 +218,8 @@ pub const RESET_GAIN: f64 = 0.10;
 /// more than its candidates' own times: each switch between candidates,
 /// and the one back to the pick, throws the ranks out of the rhythm they
 /// keep in a loop, and calls of a few microseconds run slow for a while
-/// (4 ranks on 2 cores, ReduceScatter of 8 B: direct 3.6-5.5 us a call in
-/// the reviews' turns, 2.6-4.0 in a loop). Gaps counted in turns' spans
+/// (4 ranks on 2 cores, ReduceScatter of 8 B: direct mostly 3.6-5.5 us a
+/// call in the reviews' turns, 2.6-4.3 in a loop). Gaps counted in turns' spans
 /// alone (2 to 16) brought such a shape's reviews every few milliseconds:
 /// `bench/auto_vs_forced.sh 4 reduce_scatter 8 512` had Auto at
 /// 1.07-1.13x its own pick forced, with 28-37 reviews in the rounds.
