@@ -714,9 +714,8 @@ impl Core {
             colls
         } else {
             let pace = t.trials.pace_us().unwrap_or(d.us);
-            let bytes = key.0.count * key.1.size();
             let floor = crate::tune::online::review_floor(
-                bytes,
+                t.watch.is_some(),
                 t.trials.turn_calls(),
                 pace,
                 self.tune.cpu_share,

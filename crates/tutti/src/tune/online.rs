@@ -232,16 +232,16 @@ pub const REVIEW_MIN_SECS_SHARED: f64 = 0.05;
 /// The most turns' spans [`review_floor`] asks for.
 pub const REVIEW_FLOOR_MAX: u64 = 256;
 
-/// The fewest turns' spans to the next review of a shape of `bytes`
-/// bytes: none where every rank has a core (`cpu_share`, as [`spread`]
-/// takes it) or for a watched shape (`bytes` at least
-/// [`WATCH_MIN_BYTES`]); else as many as [`REVIEW_MIN_SECS_SHARED`] of
-/// `turn` calls at `pace_us` (the pick's best time in the turns decided
-/// on; the ranks agree on it) take, at most [`REVIEW_FLOOR_MAX`].
-pub fn review_floor(bytes: usize, turn: usize, pace_us: f64, cpu_share: f64) -> u64 {
+/// The fewest turns' spans to a shape's next review: none where every
+/// rank has a core (`cpu_share`, as [`spread`] takes it) or for a
+/// `watched` shape (the engine watches calls of [`WATCH_MIN_BYTES`] or
+/// more); else as many as [`REVIEW_MIN_SECS_SHARED`] of `turn` calls at
+/// `pace_us` (the pick's best time in the turns decided on; the ranks
+/// agree on it) take, at most [`REVIEW_FLOOR_MAX`].
+pub fn review_floor(watched: bool, turn: usize, pace_us: f64, cpu_share: f64) -> u64 {
     let secs = by_share(cpu_share, 0.0, REVIEW_MIN_SECS_SHARED);
     let span = turn as f64 * pace_us;
-    if !(span > 0.0 && secs > 0.0) || bytes >= WATCH_MIN_BYTES {
+    if !(span > 0.0 && secs > 0.0) || watched {
         return 0;
     }
     (secs * 1e6 / span).ceil().min(REVIEW_FLOOR_MAX as f64) as u64
@@ -433,11 +433,9 @@ impl Trials {
         }
         let before = self.pick.map(|p| p.0);
         let best = decide(&self.history, k, before.unwrap_or(0));
-        let turns = self.history.len() / k;
         // The pick's time: the median over the turns (of two, the higher),
         // which a turn from before a change of the machine does not move.
-        let times = (0..turns).map(|t| self.history[t * k + best]);
-        self.pick = Some((best, upper_median(times)));
+        self.pick = Some((best, upper_median(self.times(best))));
         self.reviews += usize::from(before.is_some());
         self.turns_before += stretch;
         self.calls = 0;
@@ -487,10 +485,16 @@ impl Trials {
     /// [`review_floor`] takes for its calls between reviews.
     pub(crate) fn pace_us(&self) -> Option<f64> {
         let (best, _) = self.pick?;
-        let k = self.cands.len();
-        (0..self.history.len() / k)
-            .map(|t| self.history[t * k + best])
-            .min_by(f64::total_cmp)
+        self.times(best).min_by(f64::total_cmp)
+    }
+
+    /// Candidate `c`'s agreed times in the turns of `history`, oldest first.
+    fn times(&self, c: usize) -> impl Iterator<Item = f64> + '_ {
+        self.history
+            .iter()
+            .skip(c)
+            .step_by(self.cands.len())
+            .copied()
     }
 
     /// Calls in a turn: a block of each candidate.
@@ -894,16 +898,15 @@ mod tests {
         // A turn of 400 calls at 2.5 us takes 1 ms: 50 of them where
         // ranks share cores; no floor where every rank has a core, nor for
         // a watched shape.
-        let small = WATCH_MIN_BYTES - 4;
-        assert_eq!(review_floor(small, 400, 2.5, 0.5), 50);
-        assert_eq!(review_floor(small, 400, 2.5, 1.0), 0);
-        assert_eq!(review_floor(WATCH_MIN_BYTES, 400, 2.5, 0.5), 0);
+        assert_eq!(review_floor(false, 400, 2.5, 0.5), 50);
+        assert_eq!(review_floor(false, 400, 2.5, 1.0), 0);
+        assert_eq!(review_floor(true, 400, 2.5, 0.5), 0);
         // A turn longer than the seconds: one span.
-        assert_eq!(review_floor(8, 16, 25_000.0, 0.5), 1);
+        assert_eq!(review_floor(false, 16, 25_000.0, 0.5), 1);
         // Bounded, and nothing from a time that went wrong.
-        assert_eq!(review_floor(8, 400, 1e-6, 0.5), REVIEW_FLOOR_MAX);
-        assert_eq!(review_floor(8, 400, f64::NAN, 0.5), 0);
-        assert_eq!(review_floor(8, 0, 2.5, 0.5), 0);
+        assert_eq!(review_floor(false, 400, 1e-6, 0.5), REVIEW_FLOOR_MAX);
+        assert_eq!(review_floor(false, 400, f64::NAN, 0.5), 0);
+        assert_eq!(review_floor(false, 0, 2.5, 0.5), 0);
         // The pace is the pick's best turn: the ring at 3, 1 and 2 us.
         let bytes = 1 << 20;
         let mut t = Trials::new(cands(), bytes);
