@@ -64,8 +64,10 @@
 //! have run on the communicator since the decision, the shape's next calls
 //! take one more turn (a block of each candidate, no warm-up), the ranks
 //! agree on its times as before, and the decision is made again on the
-//! last [`TURNS`] turns, against the current pick (kept unless another is
-//! more than [`KEEP_PICK`] faster). Each review that keeps the pick, or
+//! last [`TURNS`] turns (or up to a multiple of the candidates, so that
+//! each ran first in a turn as often as the others, [`history_turns`]),
+//! against the current pick (kept unless another is more than
+//! [`KEEP_PICK`] faster). Each review that keeps the pick, or
 //! changes it for one less than [`RESET_GAIN`] faster, doubles the gap to
 //! the next, up to [`REVIEW_GAP_MAX`]; one that changes it for more resets
 //! the gap. A review that keeps the pick though its turn alone has another
@@ -73,7 +75,7 @@
 //! decision unsettled: one more turn follows at the shape's next call, the
 //! gap left as it was, so that a
 //! machine that changed since the earlier turns moves the pick after two
-//! turns (two of the last three) rather than after the next gap (4 ranks
+//! turns (two of the last three; of four, three) rather than after the next gap (4 ranks
 //! on 2 cores, AllReduce of 64 KiB: a review's turn had halving-doubling
 //! at 38.5 us against the ring's 61.5, the median of three kept the ring,
 //! and the next review, 4 turns' span later, changed it; Auto ran the ring
@@ -247,6 +249,22 @@ pub fn review_floor(watched: bool, turn: usize, pace_us: f64, cpu_share: f64) ->
     (secs * 1e6 / span).ceil().min(REVIEW_FLOOR_MAX as f64) as u64
 }
 
+/// The turns a decision looks at among `k` candidates: the last
+/// [`TURNS`], or more, up to a multiple of `k`, so that every candidate
+/// ran first in as many of them as every other. A review's turn starts
+/// after calls of the pick alone, and its first block runs at another
+/// speed than the rest; where the order was not balanced, the candidate
+/// that ran first in two of the three turns won: 4 ranks on 2 cores,
+/// ReduceScatter of 8 and 32 B, direct (2.6-3.9 us a call forced in a
+/// loop) against two-shot (4.2-7.5), in all 25 review turns of two runs
+/// the one that ran first in the turn was the faster in it (direct 2.8-4.5
+/// us first, 4.6-10.6 second), the pick changed at every other review,
+/// and Auto ran 1.17x direct's time in one of the four cells; with four
+/// turns decided on, no review changed the pick in two runs (2026-12-03).
+pub fn history_turns(k: usize) -> usize {
+    TURNS.next_multiple_of(k.max(1))
+}
+
 /// What a stretch's end decided ([`Trials::agreed`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Agreed {
@@ -286,7 +304,7 @@ pub fn max_calls(bytes: usize) -> usize {
 
 /// A shape's trials: the first stretch (a warm-up block, then [`TURNS`]
 /// turns), the decision, then stretches of one turn each (reviews), each
-/// followed by a decision on the last [`TURNS`] turns.
+/// followed by a decision on the last [`history_turns`] turns.
 #[derive(Clone, Debug)]
 pub(crate) struct Trials {
     cands: Vec<Choice>,
@@ -301,8 +319,8 @@ pub(crate) struct Trials {
     /// Seconds of timed calls in the current stretch, per turn and
     /// candidate (`turn * k + c`).
     secs: Vec<f64>,
-    /// The agreed times (us) of the last [`TURNS`] turns, oldest first,
-    /// `turn * k + c`.
+    /// The agreed times (us) of the last [`history_turns`] turns, oldest
+    /// first, `turn * k + c`.
     history: Vec<f64>,
     /// The decided candidate (its index) and its median time over
     /// `history`.
@@ -417,7 +435,7 @@ impl Trials {
 
     /// Ends the stretch with `us`, its times as the ranks agreed on them
     /// (the maximum over ranks of [`means_us`](Trials::means_us)): decides
-    /// on the last [`TURNS`] turns, against the current pick (the model's
+    /// on the last [`history_turns`] turns, against the current pick (the model's
     /// at first), and makes the next stretch a review of one turn.
     pub(crate) fn agreed(&mut self, us: &[f64]) -> Agreed {
         let k = self.cands.len();
@@ -427,7 +445,7 @@ impl Trials {
             self.history.clear();
         }
         self.history.extend_from_slice(us);
-        let keep = TURNS * k;
+        let keep = history_turns(k) * k;
         if self.history.len() > keep {
             self.history.drain(..self.history.len() - keep);
         }
@@ -891,6 +909,48 @@ mod tests {
             (a.pick.algorithm, a.changed, a.unsettled),
             (Algorithm::Ring, false, false)
         );
+    }
+
+    #[test]
+    fn an_order_effect_in_review_turns_does_not_move_the_pick() {
+        // Two candidates, the ring twice as fast as the tree in a loop; in
+        // a review's turn, whichever runs first takes a third of its time
+        // (as direct and two-shot did at 8 B, 4 ranks on 2 cores). Four
+        // turns decided on, each candidate first in two: the ring stays.
+        let bytes = 64;
+        let (lead, per) = trials(bytes);
+        let two = cands()[..2].to_vec();
+        let mut t = Trials::new(two.clone(), bytes);
+        run_stretch(&mut t, |c| [1.0, 2.0][c]);
+        assert_eq!(t.agreed(&t.means_us()).pick.algorithm, Algorithm::Ring);
+        for review in 0..12 {
+            let first = t.next().0;
+            let mut calls = 0;
+            loop {
+                let (c, _) = t.next();
+                let i = two.iter().position(|x| *x == c).unwrap();
+                let secs = [1.0, 2.0][i] / if c == first { 3.0 } else { 1.0 };
+                calls += 1;
+                if t.record(secs) {
+                    break;
+                }
+            }
+            assert_eq!(calls, 2 * (lead + per));
+            let a = t.agreed(&t.means_us());
+            assert_eq!(
+                (a.pick.algorithm, a.changed),
+                (Algorithm::Ring, false),
+                "{review}"
+            );
+        }
+        // On the last three turns only, the tree would win each decision
+        // after a turn it ran first in (then first in two of the three).
+        let (ring_first, tree_first) = ([1.0 / 3.0, 2.0], [1.0, 2.0 / 3.0]);
+        let three = [tree_first, ring_first, tree_first].concat();
+        assert_eq!(decide(&three, 2, 0), 1);
+        assert_eq!(decide(&[&ring_first[..], &three].concat(), 2, 0), 0);
+        assert_eq!((history_turns(1), history_turns(2)), (TURNS, 4));
+        assert_eq!((history_turns(3), history_turns(5)), (3, 5));
     }
 
     #[test]
