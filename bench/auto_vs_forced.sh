@@ -10,9 +10,12 @@
 # two ratios are paired by round (the median of the ratios within a round);
 # auto/best_m is the ratio of the medians; auto/pick is Auto over its own
 # pick forced, paired: one schedule timed twice a round, i.e. the noise
-# plus the cost of the reviews during the rounds (counted in `reviews`).
+# plus the cost of the reviews during the rounds (counted in `reviews`);
+# `tuning` counts the calls before the rounds: until the first decision and
+# then the first AVF_SETTLE reviews.
 # Usage: bench/auto_vs_forced.sh N [COLL] [MIN] [MAX]
 #   env: AVF_ROUNDS (default 7), AVF_MS (timed ms per measurement, default 20),
+#   AVF_SETTLE (online tuning's reviews let run before the rounds, default 3),
 #   AVF_DUMP=1 (every round's times too), TUTTI_BIND (core or none: binding
 #   as for tutti perf, below)
 set -euo pipefail

@@ -19,16 +19,27 @@
 //! last how many reviews ran during the rounds.
 //! Before a size's rounds, Auto's calls run until its online tuning has
 //! decided (`TUTTI_TUNE=model` compares the cost model's pick instead;
-//! `TUTTI_TUNE=once`, the first decision without reviews); the ratios
-//! against the pick are against that first decision, and `auto picks`
-//! shows `first>last` where a review changed it during the rounds, and
-//! a `+` after a pick whose shared-memory sends stream (forced algorithms
-//! run with cached ring stores, so `auto/pick` then also measures that).
+//! `TUTTI_TUNE=once`, the first decision without reviews), then on until
+//! its first `AVF_SETTLE` reviews have run: reviews come soon after a
+//! decision, at gaps that double while they keep the pick, and at large
+//! sizes the rounds give Auto few calls (at 32 MiB, 4 ranks, 3 a round),
+//! so that the rounds measured mostly those first reviews: the start of a
+//! run, not the loop a training job runs for hours (`tuning` counts the
+//! calls before the rounds). The bench's own barrier and maximum force an
+//! algorithm, so that they do not count towards the gaps between reviews
+//! (see `SCAFFOLD`). The ratios against the pick are against the pick when
+//! the rounds start, and `auto picks` shows `first>last` where a review
+//! changed it during the rounds, and a `+` after a pick whose shared-memory
+//! sends stream (forced algorithms run with cached ring stores, so
+//! `auto/pick` then also measures that).
 //!
 //! Environment: `AVF_COLL` (all_reduce, broadcast, reduce, all_gather,
 //! reduce_scatter; default all_reduce), `AVF_MIN`/`AVF_MAX` (bytes, default
 //! 8 and 64M), `AVF_ROUNDS` (default 7), `AVF_MS` (timed milliseconds per
-//! measurement, default 20), `AVF_DUMP` (set: rank 0 also prints every
+//! measurement, default 20), `AVF_SETTLE` (reviews before the rounds,
+//! default 3; 0: the rounds start at the first decision), `AVF_SETTLE_S`
+//! (for those, at most this many seconds of calls at the pace of the
+//! size's first calls, default 4), `AVF_DUMP` (set: rank 0 also prints every
 //! round's time per call of Auto and each forced algorithm, in the table's
 //! column order, to stderr as `DUMP size column times...`, which shows
 //! when within a run an algorithm's time changed).
@@ -51,16 +62,28 @@ fn bytes_env(k: &str, d: usize) -> usize {
         .unwrap_or(d)
 }
 
+/// The bench's own collectives (the barrier before a measurement, the
+/// maximum after) force an algorithm: online tuning counts the gaps
+/// between its reviews in the collectives that leave the algorithm to it,
+/// and these would make a shape's reviews come several times as often
+/// between its own calls as in a loop of them (at 32 MiB, 4 ranks, 24 of
+/// them to Auto's 3 calls a round).
+const SCAFFOLD: Options = Options {
+    algorithm: Some(Algorithm::Direct),
+    timeout: None,
+};
+
 /// Seconds per call of `iters` calls, the maximum over ranks.
 fn time(comm: &Communicator, call: &RawCall, opts: &Options, iters: usize) -> tutti::Result<f64> {
-    comm.barrier()?;
+    // A barrier: every rank's value is in every rank's result.
+    comm.all_reduce_with(&mut [0u8], ReduceOp::Max, &SCAFFOLD)?;
     let t = Instant::now();
     for _ in 0..iters {
         // SAFETY: the call's buffers are owned by main and untouched while it runs.
         unsafe { comm.run_raw(call, opts)? };
     }
     let mut dt = [t.elapsed().as_secs_f64() / iters as f64];
-    comm.all_reduce(&mut dt, ReduceOp::Max)?;
+    comm.all_reduce_with(&mut dt, ReduceOp::Max, &SCAFFOLD)?;
     Ok(dt[0])
 }
 
@@ -91,6 +114,10 @@ fn main() -> tutti::Result<()> {
     let (min, max) = (bytes_env("AVF_MIN", 8), bytes_env("AVF_MAX", 64 << 20));
     let rounds: usize = env_or("AVF_ROUNDS", 7);
     let ms: f64 = env_or("AVF_MS", 20.0);
+    let settle: usize = env_or("AVF_SETTLE", 3);
+    let settle_s: f64 = env_or("AVF_SETTLE_S", 4.0);
+    // Reviews run unless TUTTI_TUNE says once or model.
+    let review = tutti::Config::from_env()?.review;
     let algs: Vec<Algorithm> = Algorithm::ALL
         .into_iter()
         .filter(|a| {
@@ -104,15 +131,16 @@ fn main() -> tutti::Result<()> {
     if me == 0 {
         println!(
             "{kind}, {n} ranks, f32 sum: median of {rounds} rounds of the time per call (us); \
-             rounds alternate Auto and the forced algorithms, in rotating order; ratios paired by round"
+             rounds alternate Auto and the forced algorithms, in rotating order; ratios paired by round; \
+             before them, Auto's calls until its first decision and {settle} reviews (`tuning` calls)"
         );
         print!("{:>10} {:>18} {:>9}", "size", "auto picks", "auto");
         for a in &algs {
             print!(" {:>9}", &a.name()[..a.name().len().min(9)]);
         }
         println!(
-            " {:>16} {:>9} {:>9} {:>11} {:>9} {:>7}",
-            "best", "auto/best", "pick/best", "auto/best_m", "auto/pick", "reviews"
+            " {:>16} {:>9} {:>9} {:>11} {:>9} {:>7} {:>7}",
+            "best", "auto/best", "pick/best", "auto/best_m", "auto/pick", "reviews", "tuning"
         );
     }
     let mut bytes = min.max(4);
@@ -147,13 +175,28 @@ fn main() -> tutti::Result<()> {
             timeout: None,
         }));
         // Iterations: about `ms` of Auto, the same count for every algorithm.
-        time(&comm, &call, &opts[0], 5)?; // schedules, page faults
-                                          // Auto's online tuning times its candidates on a shape's first
-                                          // calls: let it, back to back as the timed calls run (a barrier
-                                          // between calls would have it time calls that start together).
+        let t0 = time(&comm, &call, &opts[0], 5)?; // schedules, page faults
+                                                   // Auto's online tuning times its candidates on a shape's first
+                                                   // calls: let it, back to back as the timed calls run (a barrier
+                                                   // between calls would have it time calls that start together).
+        let mut tuning = 0usize;
         while comm.is_tuning(coll, count, DataType::F32) {
             // SAFETY: as in `time`.
             unsafe { comm.run_raw(&call, &opts[0])? };
+            tuning += 1;
+        }
+        // Then its first reviews, which come soon after the decision (the
+        // gaps between them double while they keep the pick), until
+        // `settle` of them have run, in at most `settle_s` of calls at the
+        // pace of the first five (agreed on: every rank stops at the same
+        // call).
+        if review && comm.tuning_candidates(coll, count, DataType::F32).len() > 1 {
+            let most = tuning + (settle_s / t0.max(1e-9)).min(1e9) as usize;
+            while comm.tuning_reviews(coll, count, DataType::F32) < settle && tuning < most {
+                // SAFETY: as in `time`.
+                unsafe { comm.run_raw(&call, &opts[0])? };
+                tuning += 1;
+            }
         }
         let pick = comm.plan(coll, count, DataType::F32)?;
         let reviews0 = comm.tuning_reviews(coll, count, DataType::F32);
@@ -231,13 +274,14 @@ fn main() -> tutti::Result<()> {
             // what this ratio shows besides 1.0 is the bench's own noise.
             let same = at.map_or(f64::NAN, |i| paired(0, 1 + i));
             println!(
-                " {:>16} {:>9.2} {:>9.2} {:>11.2} {:>9.2} {:>7}",
+                " {:>16} {:>9.2} {:>9.2} {:>11.2} {:>9.2} {:>7} {:>7}",
                 algs[bi].name(),
                 auto_best,
                 picked,
                 med[0] / best_med,
                 same,
-                reviews
+                reviews,
+                tuning
             );
         }
         bytes *= 4;
