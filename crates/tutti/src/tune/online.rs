@@ -65,8 +65,8 @@
 //! have run on the communicator since the decision, the shape's next calls
 //! take one more turn (a block of each candidate, no warm-up), the ranks
 //! agree on its times as before, and the decision is made again on the
-//! last [`TURNS`] turns (or up to a multiple of the candidates, so that
-//! each ran first in a turn as often as the others, [`history_turns`]),
+//! last [`TURNS`] turns (four where there are two candidates, so that
+//! each ran first in a turn as often as the other, [`history_turns`]),
 //! against the current pick (kept unless another is more than
 //! [`KEEP_PICK`] faster). Each review that keeps the pick, or
 //! changes it for one less than [`RESET_GAIN`] faster, doubles the gap to
@@ -251,19 +251,26 @@ pub fn review_floor(watched: bool, turn: usize, pace_us: f64, cpu_share: f64) ->
 }
 
 /// The turns a decision looks at among `k` candidates: the last
-/// [`TURNS`], or more, up to a multiple of `k`, so that every candidate
-/// ran first in as many of them as every other. A review's turn starts
-/// after calls of the pick alone, and its first block runs at another
-/// speed than the rest; where the order was not balanced, the candidate
-/// that ran first in two of the three turns won: 4 ranks on 2 cores,
-/// ReduceScatter of 8 and 32 B, direct (2.6-3.9 us a call forced in a
-/// loop) against two-shot (4.2-7.5), in all 25 review turns of two runs
-/// the one that ran first in the turn was the faster in it (direct 2.8-4.5
-/// us first, 4.6-10.6 second), the pick changed at every other review,
-/// and Auto ran 1.17x direct's time in one of the four cells; with four
-/// turns decided on, no review changed the pick in two runs (2026-12-03).
+/// [`TURNS`], or with fewer candidates than that, up to a multiple of `k`
+/// (four for two), so that each ran first in as many of them as the other;
+/// with `k` of [`TURNS`] or more, none runs first in two of the last
+/// [`TURNS`]. A review's turn starts after calls of the pick alone, and
+/// its first block runs at another speed than the rest; with two
+/// candidates and three turns, the one that ran first in two of them won:
+/// 4 ranks on 2 cores, ReduceScatter of 8 and 32 B, direct (2.6-3.9 us a
+/// call forced in a loop) against two-shot (4.2-7.5), in all 25 review
+/// turns of two runs the one that ran first in the turn was the faster in
+/// it (direct 2.8-4.5 us first, 4.6-10.6 second), the pick changed at
+/// every other review, and Auto ran 1.17x direct's time in one of the four
+/// cells; with four turns decided on, no review changed the pick in two
+/// runs (2026-12-03). Not more turns for more candidates: a decision on
+/// five or six turns follows a machine that changed reviews later.
 pub fn history_turns(k: usize) -> usize {
-    TURNS.next_multiple_of(k.max(1))
+    if k < TURNS {
+        TURNS.next_multiple_of(k.max(1))
+    } else {
+        TURNS
+    }
 }
 
 /// What a stretch's end decided ([`Trials::agreed`]).
@@ -965,7 +972,7 @@ mod tests {
         assert_eq!(decide(&three, 2, 0), 1);
         assert_eq!(decide(&[&ring_first[..], &three].concat(), 2, 0), 0);
         assert_eq!((history_turns(1), history_turns(2)), (TURNS, 4));
-        assert_eq!((history_turns(3), history_turns(5)), (3, 5));
+        assert_eq!((history_turns(3), history_turns(5)), (3, 3));
     }
 
     #[test]
