@@ -284,15 +284,15 @@ fn tuned_count(c: &Communicator) -> usize {
 }
 
 /// Calls of `count` elements by which online tuning has reviewed its
-/// decision twice: the first decision (a warm-up block of each candidate,
-/// then three turns), 16 turns' span, a review, 32 turns' span, a review (`MAX_CANDIDATES` algorithms and the streaming twin at
+/// decision twice: the first decision, 16 turns' span, a review, 32 turns'
+/// span, a review (`MAX_CANDIDATES` algorithms and the streaming twin at
 /// most), twice over; where ranks share cores, either gap may be up to
 /// `REVIEW_FLOOR_MAX` spans (at least 50 ms of calls between reviews).
 fn review_bound(count: usize) -> usize {
     use tutti::tune::online::{trials, MAX_CANDIDATES, REVIEW_FLOOR_MAX};
     let (lead, per) = trials(count * 4);
     let gap = |g: usize| g.max(REVIEW_FLOOR_MAX as usize);
-    2 * (lead + per) * (MAX_CANDIDATES + 1) * (1 + 3 + 1 + gap(16) + 1 + gap(32))
+    2 * (lead + per) * (1 + (MAX_CANDIDATES + 1) * (3 + 1 + gap(16) + 1 + gap(32)))
 }
 
 /// Calls of one tuned AllReduce shape, made differently on each rank as in
@@ -359,8 +359,8 @@ fn first_review_gap(c: &Communicator) -> usize {
 
 /// The first of `counts` whose AllReduce online tuning tries candidates
 /// for (one call of each until then), called until it has decided; returns
-/// the count and its calls so far: the first stretch, a warm-up block of
-/// each candidate, then `TURNS` turns of a block per candidate.
+/// the count and its calls so far: the first stretch, a warm-up block then
+/// `TURNS` turns of a block per candidate.
 fn decided(c: &Communicator, mut counts: impl Iterator<Item = usize>) -> (usize, usize) {
     let count = counts
         .find(|&count| {
@@ -395,7 +395,7 @@ fn forced_calls_do_not_bring_reviews_sooner() {
         let shape = (Collective::AllReduce, count, DataType::F32);
         let mut x = vec![1f32; count];
         let (lead, per) = trials(count * 4);
-        let span = first / (TURNS + 1);
+        let span = (first - (lead + per)) / TURNS;
         assert!(span >= 2 * (lead + per), "{first} calls, {span} a turn");
         let forced = tutti::Options {
             algorithm: Some(Algorithm::Ring),
@@ -416,9 +416,8 @@ fn forced_calls_do_not_bring_reviews_sooner() {
             auto >= gap * span,
             "the review ended after {auto} Auto calls, a turn {span}, count {count}"
         );
-        // (The engine's span: the first stretch's calls over its turns and
-        // its warm-up, a block of each candidate.)
-        let most = (gap + 2) * first.div_ceil(TURNS + 1);
+        // (The engine's span counts the first stretch's warm-up block too.)
+        let most = (gap + 2) * first.div_ceil(TURNS);
         assert!(auto <= most, "{auto} Auto calls, at most {most}");
     });
 }
@@ -430,12 +429,13 @@ fn forced_calls_do_not_bring_reviews_sooner() {
 /// windows' calls, not the 16 turns' span it is otherwise due after (where
 /// each rank has a core), and one more turn follows it at once.
 fn moved_pick_reviewed(c: &Communicator) {
-    use tutti::tune::online::{watch_window, TURNS, WATCH_MIN_BYTES};
+    use tutti::tune::online::{trials, watch_window, TURNS, WATCH_MIN_BYTES};
     let gap = first_review_gap(c);
     let (count, first) = decided(c, COUNTS.into_iter().filter(|&k| k * 4 >= WATCH_MIN_BYTES));
     let shape = (Collective::AllReduce, count, DataType::F32);
     let mut x = vec![1f32; count];
-    let span = first / (TURNS + 1);
+    let (lead, per) = trials(count * 4);
+    let span = (first - (lead + per)) / TURNS;
     let us = c.plan(shape.0, shape.1, shape.2).unwrap().us;
     let window = watch_window(count * 4, us, c.topology().cpu_share());
     // A window of the pick's calls as they run (its baseline is the

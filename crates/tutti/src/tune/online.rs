@@ -17,8 +17,7 @@
 //! streaming ring stores as well (where they share cores, for large
 //! AllToAll and Scatter calls, the pick with direct reads instead). With one
 //! candidate there is nothing to try.
-//! Otherwise, after a block of untimed calls of each candidate (warm-up),
-//! the candidates take turns, [`TURNS`] times, turn t starting
+//! Otherwise the candidates take turns, [`TURNS`] times, turn t starting
 //! with candidate t (the model's pick first in the first); in its turn a
 //! candidate runs a block of calls in a row, with (l, t) = [`trials`] for
 //! the call's size:
@@ -279,8 +278,7 @@ pub(crate) struct Agreed {
     /// The pick, its `us` the median of its times in the turns decided on
     /// (of two, the higher).
     pub pick: Choice,
-    /// Turns' worth of calls in the stretch that ended (the first
-    /// stretch's warm-up counts as one: a block of each candidate).
+    /// Turns in the stretch that ended.
     pub turns: usize,
     /// A review changed the pick.
     pub changed: bool,
@@ -308,11 +306,10 @@ pub fn trials(bytes: usize) -> (usize, usize) {
 /// decision: after this many, Auto runs its pick (until a review).
 pub fn max_calls(bytes: usize) -> usize {
     let (lead, timed) = trials(bytes);
-    (TURNS + 1) * (MAX_CANDIDATES + 1) * (lead + timed)
+    (TURNS * (MAX_CANDIDATES + 1) + 1) * (lead + timed)
 }
 
-/// A shape's trials: the first stretch (a warm-up block of each candidate,
-/// then [`TURNS`]
+/// A shape's trials: the first stretch (a warm-up block, then [`TURNS`]
 /// turns), the decision, then stretches of one turn each (reviews), each
 /// followed by a decision on the last [`history_turns`] turns.
 #[derive(Clone, Debug)]
@@ -371,23 +368,14 @@ impl Trials {
     /// the turns of earlier stretches: each candidate takes each place in
     /// the order alike (the first block of a turn follows the switch from
     /// the last one, or whatever ran before). The first stretch starts with
-    /// a block's worth of untimed calls of each candidate, in order
-    /// (warm-up). Each, not the model's pick alone: a candidate's first
-    /// calls on a shape run slow (its schedule built, its scratch memory
-    /// faulted in), and where ranks share cores the ranks that reach them
-    /// first also slow the others' last calls of the candidate before. 4
-    /// ranks on 2 cores, Reduce of 8 and 32 MiB, the pick alone warmed up:
-    /// the ring's last timed call before the double tree's first took 11.8
-    /// and 15.4 ms (its other timed calls 1.6-3.8 and 7.3-9.6), and at 32
-    /// MiB the double tree's first timed calls 13.5-25.5 ms (8.0-8.5 in
-    /// later turns; 2026-12-03): the first turn measured first calls.
+    /// one block's worth of untimed calls of the model's pick (warm-up).
     fn place(&self) -> (usize, usize, bool) {
         let k = self.cands.len();
         let block = self.lead + self.per;
         let calls = if self.first() {
-            match self.calls.checked_sub(k * block) {
+            match self.calls.checked_sub(block) {
                 Some(c) => c,
-                None => return (0, self.calls / block, false),
+                None => return (0, 0, false),
             }
         } else {
             self.calls
@@ -404,9 +392,8 @@ impl Trials {
         (self.cands[c], timed)
     }
 
-    /// Whether the current stretch is the first (a warm-up block of each
-    /// candidate, then [`TURNS`] turns), before any decision; later ones
-    /// are reviews.
+    /// Whether the current stretch is the first (a warm-up block, then
+    /// [`TURNS`] turns), before any decision; later ones are reviews.
     fn first(&self) -> bool {
         self.pick.is_none()
     }
@@ -435,7 +422,7 @@ impl Trials {
             self.secs[turn * self.cands.len() + c] += secs;
         }
         self.calls += 1;
-        let blocks = (usize::from(self.first()) + self.turns()) * self.cands.len();
+        let blocks = usize::from(self.first()) + self.turns() * self.cands.len();
         self.calls == blocks * (self.lead + self.per)
     }
 
@@ -491,7 +478,7 @@ impl Trials {
         self.follow_up = unsettled;
         Agreed {
             pick: self.decided().expect("just decided"),
-            turns: stretch + usize::from(before.is_none()),
+            turns: stretch,
             changed,
             moved,
             unsettled,
@@ -777,12 +764,10 @@ mod tests {
         let mut t = Trials::new(cands(), bytes);
         let (lead, per) = trials(bytes);
         assert_eq!((lead, per), (3, 10));
-        // A block's worth of each candidate, untimed, in order, warms up.
-        for c in cands() {
-            for _ in 0..lead + per {
-                assert_eq!(t.next(), (c, false));
-                assert!(!t.record(99.0));
-            }
+        // A block's worth of the model's pick, untimed, warms up.
+        for _ in 0..lead + per {
+            assert_eq!(t.next(), (cands()[0], false));
+            assert!(!t.record(99.0));
         }
         for turn in 0..TURNS {
             for slot in 0..3 {
@@ -863,11 +848,11 @@ mod tests {
         assert!(t.fresh() && t.decided().is_none());
         // The first stretch: the ring fastest.
         let ring_fast = |c: usize| [1.0, 2.0, 3.0][c];
-        assert_eq!(run_stretch(&mut t, ring_fast), (1 + TURNS) * 3 * block);
+        assert_eq!(run_stretch(&mut t, ring_fast), (1 + TURNS * 3) * block);
         let a = t.agreed(&t.means_us());
         assert_eq!(
             (a.pick.algorithm, a.pick.us, a.turns, a.changed, a.moved),
-            (Algorithm::Ring, 1e6, TURNS + 1, false, false)
+            (Algorithm::Ring, 1e6, TURNS, false, false)
         );
         assert_eq!(t.reviews(), 0);
         // A review: one turn, no warm-up, starting where the rotation left
@@ -1176,12 +1161,12 @@ mod tests {
         assert_eq!(trials(8), (22, 85));
         assert_eq!(trials(64 << 10), (22, 85));
         assert_eq!(trials(6 << 20), (1, 3));
-        assert_eq!(max_calls(64 << 20), (TURNS + 1) * (MAX_CANDIDATES + 1) * 4);
+        assert_eq!(max_calls(64 << 20), (TURNS * (MAX_CANDIDATES + 1) + 1) * 4);
         for bytes in [0, 8, 100 << 10, 1 << 20, 5 << 20, 1 << 30] {
             let mut t = Trials::new(cands(), bytes);
             let n = run_stretch(&mut t, |_| 1.0);
             let (lead, per) = trials(bytes);
-            assert_eq!(n, (TURNS + 1) * 3 * (lead + per), "{bytes}");
+            assert_eq!(n, (TURNS * 3 + 1) * (lead + per), "{bytes}");
             assert!(n <= max_calls(bytes));
         }
     }
