@@ -176,9 +176,10 @@ fn main() -> tutti::Result<()> {
         }));
         // Iterations: about `ms` of Auto, the same count for every algorithm.
         let t0 = time(&comm, &call, &opts[0], 5)?; // schedules, page faults
-                                                   // Auto's online tuning times its candidates on a shape's first
-                                                   // calls: let it, back to back as the timed calls run (a barrier
-                                                   // between calls would have it time calls that start together).
+
+        // Auto's online tuning times its candidates on a shape's first
+        // calls: let it, back to back as the timed calls run (a barrier
+        // between calls would have it time calls that start together).
         let mut tuning = 0usize;
         while comm.is_tuning(coll, count, DataType::F32) {
             // SAFETY: as in `time`.

@@ -73,10 +73,10 @@
 //! the gap. A review that keeps the pick though its turn alone has another
 //! candidate faster than the pick by more than [`RESET_GAIN`] leaves the
 //! decision unsettled: one more turn follows at the shape's next call, the
-//! gap left as it was, so that a
-//! machine that changed since the earlier turns moves the pick after two
-//! turns (two of the last three; of four, three) rather than after the next gap (4 ranks
-//! on 2 cores, AllReduce of 64 KiB: a review's turn had halving-doubling
+//! gap left as it was, so that a machine that changed since the earlier
+//! turns moves the pick after two turns (two of the last three; where
+//! four are decided on, after three) rather than after the next gap (4
+//! ranks on 2 cores, AllReduce of 64 KiB: a review's turn had halving-doubling
 //! at 38.5 us against the ring's 61.5, the median of three kept the ring,
 //! and the next review, 4 turns' span later, changed it; Auto ran the ring
 //! through half the bench's rounds, 1.26x the best); a follow-up is never
@@ -262,8 +262,10 @@ pub fn review_floor(watched: bool, turn: usize, pace_us: f64, cpu_share: f64) ->
 /// it (direct 2.8-4.5 us first, 4.6-10.6 second), the pick changed at
 /// every other review, and Auto ran 1.17x direct's time in one of the four
 /// cells; with four turns decided on, no review changed the pick in two
-/// runs (2026-12-03). Not more turns for more candidates: a decision on
-/// five or six turns follows a machine that changed reviews later.
+/// runs (2026-12-03). An untimed block of the pick before each review's
+/// turn did not remove the effect (two runs: the turns alternated as
+/// before). Not more turns for more candidates: a decision on five or six
+/// turns follows a machine that changed reviews later.
 pub fn history_turns(k: usize) -> usize {
     if k < TURNS {
         TURNS.next_multiple_of(k.max(1))
@@ -442,8 +444,8 @@ impl Trials {
 
     /// Ends the stretch with `us`, its times as the ranks agreed on them
     /// (the maximum over ranks of [`means_us`](Trials::means_us)): decides
-    /// on the last [`history_turns`] turns, against the current pick (the model's
-    /// at first), and makes the next stretch a review of one turn.
+    /// on the last [`history_turns`] turns, against the current pick (the
+    /// model's at first), and makes the next stretch a review of one turn.
     pub(crate) fn agreed(&mut self, us: &[f64]) -> Agreed {
         let k = self.cands.len();
         let stretch = self.turns();
