@@ -117,7 +117,7 @@ fn main() -> tutti::Result<()> {
     let settle: usize = env_or("AVF_SETTLE", 3);
     let settle_s: f64 = env_or("AVF_SETTLE_S", 4.0);
     // Reviews run unless TUTTI_TUNE says once or model.
-    let review = tutti::Config::from_env()?.review;
+    let review = comm.config().review;
     let algs: Vec<Algorithm> = Algorithm::ALL
         .into_iter()
         .filter(|a| {
