@@ -354,7 +354,7 @@ fn online_reviews_agree_shm_4() {
 
 /// The first review's gap (in turns' spans) for `c`.
 fn first_review_gap(c: &Communicator) -> usize {
-    tutti::tune::online::review_gaps(c.topology().cpu_share()).0 as usize
+    tutti::tune::online::review_gaps(c.topology().cpu_share(), false).0 as usize
 }
 
 /// The first of `counts` whose AllReduce online tuning tries candidates

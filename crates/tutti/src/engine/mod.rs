@@ -699,7 +699,7 @@ impl Core {
         // cores, a shape too small to watch waits at least
         // REVIEW_MIN_SECS_SHARED of its pick's calls); at the shape's next
         // call where the decision is unsettled (the gap then stays).
-        let (first, most) = crate::tune::online::review_gaps(self.tune.cpu_share);
+        let (first, most) = crate::tune::online::review_gaps(self.tune.cpu_share, d.stream);
         t.gap = if reviews == 0 || moved {
             first
         } else if unsettled {
@@ -762,7 +762,7 @@ impl Core {
             if t.review_at.is_some() {
                 t.review_at = Some(now);
                 t.trials.stale();
-                t.gap = crate::tune::online::review_gaps(self.tune.cpu_share).0;
+                t.gap = crate::tune::online::review_gaps(self.tune.cpu_share, false).0;
                 self.review_from = now;
                 tracing::debug!(
                     rank = self.rank,

@@ -69,8 +69,10 @@
 //! against the current pick (kept unless another is more than
 //! [`KEEP_PICK`] faster). Each review that keeps the pick, or
 //! changes it for one less than [`RESET_GAIN`] faster, doubles the gap to
-//! the next, up to [`REVIEW_GAP_MAX`]; one that changes it for more resets
-//! the gap. A review that keeps the pick though its turn alone has another
+//! the next, up to [`REVIEW_GAP_MAX`] (where the pick is a streaming
+//! twin, which the watch below cannot see overtaken, the gap stays at
+//! [`REVIEW_GAP`]: [`REVIEW_GAP_MAX_STREAM`]); one that changes it for
+//! more resets the gap. A review that keeps the pick though its turn alone has another
 //! candidate faster than the pick by more than [`RESET_GAIN`] leaves the
 //! decision unsettled: one more turn follows at the shape's next call, the
 //! gap left as it was, so that a machine that changed since the earlier
@@ -198,11 +200,31 @@ pub const REVIEW_GAP_MAX: u64 = 128;
 /// differences).
 pub const REVIEW_GAPS_SHARED: (u64, u64) = (2, 16);
 
+/// The most turns' spans between reviews where the pick is a streaming
+/// twin ([`Choice::stream`]): reviews stay at [`REVIEW_GAP`] apart, never
+/// doubling. The watch ([`Watch`]) holds only the pick's own time, and
+/// the streaming twin's hardly moves with the state that moves the cached
+/// algorithms' by 3x, so a change that makes them the faster ones shows
+/// only at a review: 2 ranks, ReduceScatter of 512 KiB, the bench's
+/// rounds had the cached algorithms at 53-61 us for three rounds, 14-18
+/// for the next 13, and 54-60 again, while streaming took 33-46 us in
+/// all; the watch fired 11 rounds into the fast stretch, Auto ran
+/// streaming through most of it, 2.11x the best (2026-12-03). What it
+/// costs: a review's other candidates' blocks beyond the pick's, once in
+/// 17 turns' worth of calls (1.4x the pick's time there: about 2%).
+pub const REVIEW_GAP_MAX_STREAM: u64 = REVIEW_GAP;
+
 /// The gap to the first review and the most between reviews (in turns'
 /// spans of Auto's collectives), as `cpu_share` (the CPUs a rank has on
-/// its host, [`crate::tune::TuneCtx::cpu_share`]) says.
-pub fn review_gaps(cpu_share: f64) -> (u64, u64) {
-    by_share(cpu_share, (REVIEW_GAP, REVIEW_GAP_MAX), REVIEW_GAPS_SHARED)
+/// its host, [`crate::tune::TuneCtx::cpu_share`]) and whether the pick is
+/// a `stream`ing twin ([`REVIEW_GAP_MAX_STREAM`]) say.
+pub fn review_gaps(cpu_share: f64, stream: bool) -> (u64, u64) {
+    let (first, most) = by_share(cpu_share, (REVIEW_GAP, REVIEW_GAP_MAX), REVIEW_GAPS_SHARED);
+    if stream {
+        (first, most.min(REVIEW_GAP_MAX_STREAM.max(first)))
+    } else {
+        (first, most)
+    }
 }
 
 /// A review that changes the pick brings the gap to the next back to
@@ -1151,8 +1173,10 @@ mod tests {
 
     #[test]
     fn reviews_come_sooner_where_ranks_share_cores() {
-        assert_eq!(review_gaps(1.0), (REVIEW_GAP, REVIEW_GAP_MAX));
-        assert_eq!(review_gaps(0.5), REVIEW_GAPS_SHARED);
+        assert_eq!(review_gaps(1.0, false), (REVIEW_GAP, REVIEW_GAP_MAX));
+        assert_eq!(review_gaps(0.5, false), REVIEW_GAPS_SHARED);
+        // A streaming pick's reviews never spread out.
+        assert_eq!(review_gaps(1.0, true), (REVIEW_GAP, REVIEW_GAP));
         assert!(REVIEW_GAPS_SHARED.0 < REVIEW_GAP && REVIEW_GAPS_SHARED.1 < REVIEW_GAP_MAX);
     }
 
