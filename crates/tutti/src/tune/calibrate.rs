@@ -6,8 +6,11 @@
 //! (shared memory, if they share a host) and rank 0 and the first rank of
 //! another host (TCP) ping-pong 8-byte messages and stream 1 MiB messages,
 //! and rank 0 caches the result in `~/.cache/tutti/` (or
-//! `$XDG_CACHE_HOME/tutti/`). `TUTTI_CALIBRATE=0` skips all of it and keeps
-//! the defaults; `TUTTI_CALIBRATE=force` measures even with a cache.
+//! `$XDG_CACHE_HOME/tutti/`) for an hour. Where every rank has a core, a
+//! new measurement is merged with the cached one if that is under a day
+//! old, the faster value of each ([`merge_best`]). `TUTTI_CALIBRATE=0`
+//! skips all of it and keeps the defaults; `TUTTI_CALIBRATE=force`
+//! measures even with a cache, and replaces it.
 
 use super::{CostModel, LinkClass, LinkCost};
 use crate::algo::Algorithm;
@@ -29,6 +32,49 @@ fn cache_path(key: &str) -> Option<PathBuf> {
     Some(base.join("tutti").join(format!("costmodel-{h:016x}.json")))
 }
 
+/// Seconds since `p` was written, where it can be told.
+fn age_secs(p: &PathBuf) -> Option<u64> {
+    let t = std::fs::metadata(p).and_then(|m| m.modified()).ok()?;
+    Some(t.elapsed().ok()?.as_secs())
+}
+
+/// A cached model at most this old is merged with a new measurement
+/// ([`merge_best`]); an older one is replaced.
+pub const MERGE_MAX_AGE_SECS: u64 = 24 * 3600;
+
+/// The faster of two measurements of one host layout, field by field: the
+/// least latencies and fixed costs, the highest rates. A busy machine only
+/// ever adds time, so the best of two is nearer the links' own cost than
+/// either (the ping-pong already keeps its fastest round trip). Where
+/// every rank has a core, this machine measured the shared-memory latency
+/// at 0.42-0.50 us in six runs, and at 2.96 and 3.0 us (the bound, 10x
+/// the default) with 4.2 GB/s instead of 23-28 in two others, an hour
+/// apart; a model from such a run, cached for an hour, priced the rings'
+/// steps at 6x their cost there, and online tuning then never tried them
+/// where they were fastest (2 ranks, ReduceScatter of 32 KiB: the ring
+/// priced 7.9 us against direct's 1.8 and left out, and forced 1.11-1.15x
+/// faster than direct in four runs, 2026-12-03). Not where ranks share
+/// cores: there the fastest round trip is one where the two ranks ran on
+/// separate cores, which collectives among more ranks than cores do not
+/// get.
+pub fn merge_best(a: &CostModel, b: &CostModel) -> CostModel {
+    let link = |x: &LinkCost, y: &LinkCost| LinkCost {
+        alpha_us: x.alpha_us.min(y.alpha_us),
+        gbps: x.gbps.max(y.gbps),
+    };
+    CostModel {
+        local: link(&a.local, &b.local),
+        shm: link(&a.shm, &b.shm),
+        tcp: link(&a.tcp, &b.tcp),
+        reduce_gbps: a.reduce_gbps.max(b.reduce_gbps),
+        copy_gbps: a.copy_gbps.max(b.copy_gbps),
+        step_us: a.step_us.min(b.step_us),
+        mailbox_us: a.mailbox_us.min(b.mailbox_us),
+        mailbox_gbps: a.mailbox_gbps.max(b.mailbox_gbps),
+        mailbox_reduce_gbps: a.mailbox_reduce_gbps.max(b.mailbox_reduce_gbps),
+    }
+}
+
 /// The cost model for `comm`: cached, measured, or the defaults.
 pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel> {
     let mode = std::env::var("TUTTI_CALIBRATE").unwrap_or_default();
@@ -41,16 +87,9 @@ pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel>
     if comm.rank() == 0 && mode != "force" {
         // A cached measurement older than an hour is taken again: a machine
         // that was busy when it was measured should not steer choices for long.
-        let fresh = |p: &PathBuf| {
-            std::fs::metadata(p)
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age.as_secs() < 3600)
-        };
         if let Some(b) = path
             .as_ref()
-            .filter(|p| fresh(p))
+            .filter(|p| age_secs(p).is_some_and(|a| a < 3600))
             .and_then(|p| std::fs::read(p).ok())
         {
             if serde_json::from_slice::<CostModel>(&b).is_ok() && b.len() < blob.len() - 2 {
@@ -106,6 +145,19 @@ pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel>
             model.mailbox_gbps = gbps.clamp(d.mailbox_gbps / 10.0, d.mailbox_gbps * 10.0);
             model.mailbox_reduce_gbps =
                 reduce_gbps.clamp(d.mailbox_reduce_gbps / 10.0, d.mailbox_reduce_gbps * 10.0);
+        }
+    }
+    if comm.rank() == 0 && mode != "force" && topo.cpu_share() >= 1.0 {
+        // Where every rank has a core, the best of this and the last
+        // measurement (`merge_best`): one taken in a slow spell would
+        // otherwise steer the next hour's choices.
+        let earlier = path
+            .as_ref()
+            .filter(|p| age_secs(p).is_some_and(|a| a < MERGE_MAX_AGE_SECS))
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|b| serde_json::from_slice::<CostModel>(&b).ok());
+        if let Some(earlier) = earlier {
+            model = merge_best(&model, &earlier);
         }
     }
     let mut blob = vec![0u8; 1024];
@@ -242,4 +294,44 @@ fn measure(comm: &Communicator, peer: usize) -> Result<Option<LinkCost>> {
     }
     comm.barrier()?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A measurement taken in a slow spell (latencies up, rates down) does
+    /// not undo a faster one, in either order, field by field.
+    #[test]
+    fn merging_keeps_the_faster_value_of_each_parameter() {
+        let fast = CostModel {
+            shm: LinkCost {
+                alpha_us: 0.45,
+                gbps: 23.0,
+            },
+            mailbox_us: 0.12,
+            ..CostModel::default()
+        };
+        let slow = CostModel {
+            shm: LinkCost {
+                alpha_us: 3.0,
+                gbps: 4.2,
+            },
+            mailbox_us: 0.11,
+            mailbox_gbps: 10.0,
+            ..CostModel::default()
+        };
+        for m in [merge_best(&fast, &slow), merge_best(&slow, &fast)] {
+            assert_eq!(m.shm.alpha_us, 0.45);
+            assert_eq!(m.shm.gbps, 23.0);
+            // The slow run's one faster parameter is kept too.
+            assert_eq!(m.mailbox_us, 0.11);
+            assert_eq!(m.mailbox_gbps, CostModel::default().mailbox_gbps);
+        }
+        let same = merge_best(&fast, &fast);
+        assert_eq!(
+            serde_json::to_string(&same).unwrap(),
+            serde_json::to_string(&fast).unwrap()
+        );
+    }
 }
