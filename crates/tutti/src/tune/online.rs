@@ -202,7 +202,7 @@ pub const REVIEW_GAPS_SHARED: (u64, u64) = (2, 16);
 
 /// The most turns' spans between reviews where the pick is a streaming
 /// twin ([`Choice::stream`]): reviews stay at [`REVIEW_GAP`] apart, never
-/// doubling. The watch ([`Watch`]) holds only the pick's own time, and
+/// doubling. The watch (`Watch`, [`WATCH_CHANGE`]) holds only the pick's own time, and
 /// the streaming twin's hardly moves with the state that moves the cached
 /// algorithms' by 3x, so a change that makes them the faster ones shows
 /// only at a review: 2 ranks, ReduceScatter of 512 KiB, the bench's
