@@ -12,7 +12,10 @@
 # pick forced, paired: one schedule timed twice a round, i.e. the noise
 # plus the cost of the reviews during the rounds (counted in `reviews`);
 # `tuning` counts the calls before the rounds: until the first decision and
-# then the first AVF_SETTLE reviews.
+# then the first AVF_SETTLE reviews; `held_out` scores, as auto/best, the
+# forced algorithm fastest over the other half of the rounds (the worse of
+# the two halves): over 1.10 there, the best algorithm changed within the
+# run by more than the 10% the table is read against.
 # Usage: bench/auto_vs_forced.sh N [COLL] [MIN] [MAX]
 #   env: AVF_ROUNDS (default 7), AVF_MS (timed ms per measurement, default 20),
 #   AVF_SETTLE (online tuning's reviews let run before the rounds, default 3),

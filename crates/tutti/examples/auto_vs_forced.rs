@@ -16,7 +16,13 @@
 //! comparison, then Auto over its own pick forced, paired (`auto/pick`:
 //! one schedule timed twice a round, so its spread is the bench's noise,
 //! plus what online tuning's reviews during the rounds cost Auto), and
-//! last how many reviews ran during the rounds.
+//! then how many reviews ran during the rounds, and last `held_out`: the
+//! forced algorithm fastest over half the rounds (by median), scored as
+//! `auto/best` is on the other half (the worse of the two halves): what a
+//! choice informed by measurements interleaved with the ones it is scored
+//! on gets, which tells a cell whose best algorithm changed within the run
+//! by more than the 10% the bench is read against from one Auto chose
+//! badly.
 //! Before a size's rounds, Auto's calls run until its online tuning has
 //! decided (`TUTTI_TUNE=model` compares the cost model's pick instead;
 //! `TUTTI_TUNE=once`, the first decision without reviews), then on until
@@ -139,8 +145,15 @@ fn main() -> tutti::Result<()> {
             print!(" {:>9}", &a.name()[..a.name().len().min(9)]);
         }
         println!(
-            " {:>16} {:>9} {:>9} {:>11} {:>9} {:>7} {:>7}",
-            "best", "auto/best", "pick/best", "auto/best_m", "auto/pick", "reviews", "tuning"
+            " {:>16} {:>9} {:>9} {:>11} {:>9} {:>7} {:>7} {:>8}",
+            "best",
+            "auto/best",
+            "pick/best",
+            "auto/best_m",
+            "auto/pick",
+            "reviews",
+            "tuning",
+            "held_out"
         );
     }
     let mut bytes = min.max(4);
@@ -237,6 +250,42 @@ fn main() -> tutti::Result<()> {
                     .expect("an algorithm")
             };
             let (bi, auto_best) = over_best(0);
+            // A choice made from half the rounds, scored as `auto/best` on
+            // the other half (of the two ways to split, the worse): the
+            // forced algorithm with the least median time over the even
+            // rounds, against the others within the odd ones, and the
+            // other way round. Its measurements ran interleaved with the
+            // ones it is scored on, which no tuner's trials can, so a cell
+            // where it too is over 1.10 is one whose best algorithm the
+            // machine changed by more than that within the run.
+            let on = |x: usize, i: usize, half: usize| {
+                let mut r: Vec<f64> = t[x]
+                    .iter()
+                    .zip(&t[i])
+                    .skip(half)
+                    .step_by(2)
+                    .map(|(a, b)| a / b)
+                    .collect();
+                median(&mut r)
+            };
+            let halves = if t[0].len() > 1 { 0..2 } else { 0..0 };
+            let held_out = halves
+                .map(|half| {
+                    let chosen = (1..opts.len())
+                        .min_by(|&a, &b| {
+                            let m = |i: usize| {
+                                let mut v: Vec<f64> =
+                                    t[i].iter().skip(1 - half).step_by(2).copied().collect();
+                                median(&mut v)
+                            };
+                            m(a).total_cmp(&m(b))
+                        })
+                        .expect("an algorithm");
+                    (1..opts.len())
+                        .map(|i| on(chosen, i, half))
+                        .fold(f64::NEG_INFINITY, f64::max)
+                })
+                .fold(f64::NAN, f64::max);
             let med: Vec<f64> = t.iter().map(|v| median(&mut v.clone())).collect();
             let name = |c: &tutti::tune::Choice| {
                 let chunks = if c.chunks > 1 {
@@ -275,14 +324,15 @@ fn main() -> tutti::Result<()> {
             // what this ratio shows besides 1.0 is the bench's own noise.
             let same = at.map_or(f64::NAN, |i| paired(0, 1 + i));
             println!(
-                " {:>16} {:>9.2} {:>9.2} {:>11.2} {:>9.2} {:>7} {:>7}",
+                " {:>16} {:>9.2} {:>9.2} {:>11.2} {:>9.2} {:>7} {:>7} {:>8.2}",
                 algs[bi].name(),
                 auto_best,
                 picked,
                 med[0] / best_med,
                 same,
                 reviews,
-                tuning
+                tuning,
+                held_out
             );
         }
         bytes *= 4;
