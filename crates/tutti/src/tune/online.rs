@@ -202,16 +202,20 @@ pub const REVIEW_GAPS_SHARED: (u64, u64) = (2, 16);
 
 /// The most turns' spans between reviews where the pick is a streaming
 /// twin ([`Choice::stream`]): reviews stay at [`REVIEW_GAP`] apart, never
-/// doubling. The watch (`Watch`, [`WATCH_CHANGE`]) holds only the pick's own time, and
-/// the streaming twin's hardly moves with the state that moves the cached
-/// algorithms' by 3x, so a change that makes them the faster ones shows
-/// only at a review: 2 ranks, ReduceScatter of 512 KiB, the bench's
-/// rounds had the cached algorithms at 53-61 us for three rounds, 14-18
-/// for the next 13, and 54-60 again, while streaming took 33-46 us in
-/// all; the watch fired 11 rounds into the fast stretch, Auto ran
-/// streaming through most of it, 2.11x the best (2026-12-03). What it
-/// costs: a review's other candidates' blocks beyond the pick's, once in
-/// 17 turns' worth of calls (1.4x the pick's time there: about 2%).
+/// doubling. The watch (`Watch`, [`WATCH_CHANGE`]) holds only the pick's
+/// own time, and the streaming twin's hardly moves with the state that
+/// moves the cached algorithms' by 3x, so a change that makes them the
+/// faster ones shows only at a review: 2 ranks, ReduceScatter of 512 KiB,
+/// the bench's rounds had the cached algorithms at 53-61 us for three
+/// rounds, 14-18 for the next 13, and 54-60 again, while streaming took
+/// 33-46 us in all; the watch fired 11 rounds into the fast stretch, and
+/// Auto ran streaming through most of it, 2.11x the best (2026-12-03).
+/// Five pairs of runs alternated (2 ranks, AllReduce, AllGather and
+/// ReduceScatter of 32 KiB-32 MiB): Auto over its pick forced, in the
+/// cells where it picked a streaming twin, averaged 1.165 and 1.114
+/// before, 1.011 and 0.815 after (docs/algorithms.md). What it costs: a
+/// review's other candidates' blocks beyond the pick's, once in 17 turns'
+/// worth of calls (at 1.4x the pick's time there, about 2%).
 pub const REVIEW_GAP_MAX_STREAM: u64 = REVIEW_GAP;
 
 /// The gap to the first review and the most between reviews (in turns'
