@@ -45,15 +45,15 @@ pub const MERGE_MAX_AGE_SECS: u64 = 24 * 3600;
 /// The faster of two measurements of one host layout, field by field: the
 /// least latencies and fixed costs, the highest rates. A busy machine only
 /// ever adds time, so the best of two is nearer the links' own cost than
-/// either (the ping-pong already keeps its fastest round trip). Where
-/// every rank has a core, this machine measured the shared-memory latency
-/// at 0.42-0.50 us in six runs, and at 2.96 and 3.0 us (the bound, 10x
-/// the default) with 4.2 GB/s instead of 23-28 in two others, an hour
-/// apart; a model from such a run, cached for an hour, priced the rings'
-/// steps at 6x their cost there, and online tuning then never tried them
-/// where they were fastest (2 ranks, ReduceScatter of 32 KiB: the ring
-/// priced 7.9 us against direct's 1.8 and left out, and forced 1.11-1.15x
-/// faster than direct in four runs, 2026-12-03). Not where ranks share
+/// either (the ping-pong already keeps its fastest round trip). With 2
+/// ranks, each on its own core, this machine measured the shared-memory
+/// latency at 0.42-0.50 us (23-28 GB/s) in six runs, and at 3.0 us (the
+/// bound, 10x the default) with 4.2 GB/s in another; that model, cached
+/// for an hour, priced the rings' steps at 6x their cost, and online
+/// tuning then never tried them where they were the fastest (ReduceScatter
+/// of 32 KiB: the ring priced 7.9 us against direct's 1.8 and left out;
+/// forced, the ring and halving-doubling took 1.51-1.58 us against
+/// direct's 1.67-1.76 in four runs, 2026-12-03). Not where ranks share
 /// cores: there the fastest round trip is one where the two ranks ran on
 /// separate cores, which collectives among more ranks than cores do not
 /// get.

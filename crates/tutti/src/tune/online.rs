@@ -72,7 +72,8 @@
 //! the next, up to [`REVIEW_GAP_MAX`] (where the pick is a streaming
 //! twin, which the watch below cannot see overtaken, the gap stays at
 //! [`REVIEW_GAP`]: [`REVIEW_GAP_MAX_STREAM`]); one that changes it for
-//! more resets the gap. A review that keeps the pick though its turn alone has another
+//! more resets the gap. A review that keeps the pick though its turn
+//! alone has another
 //! candidate faster than the pick by more than [`RESET_GAIN`] leaves the
 //! decision unsettled: one more turn follows at the shape's next call, the
 //! gap left as it was, so that a machine that changed since the earlier
