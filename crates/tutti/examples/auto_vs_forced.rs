@@ -239,10 +239,18 @@ fn main() -> tutti::Result<()> {
         if me == 0 {
             // Paired: x's time over algorithm i's within each round, median
             // over rounds; against the best, the highest of those.
-            let paired = |x: usize, i: usize| {
-                let mut r: Vec<f64> = t[x].iter().zip(&t[i]).map(|(a, b)| a / b).collect();
+            // Over the rounds `from`, `from + step`, ...
+            let paired_over = |x: usize, i: usize, from: usize, step: usize| {
+                let mut r: Vec<f64> = t[x]
+                    .iter()
+                    .zip(&t[i])
+                    .skip(from)
+                    .step_by(step)
+                    .map(|(a, b)| a / b)
+                    .collect();
                 median(&mut r)
             };
+            let paired = |x: usize, i: usize| paired_over(x, i, 0, 1);
             let over_best = |x: usize| {
                 (1..opts.len())
                     .map(|i| (i - 1, paired(x, i)))
@@ -258,16 +266,6 @@ fn main() -> tutti::Result<()> {
             // ones it is scored on, which no tuner's trials can, so a cell
             // where it too is over 1.10 is one whose best algorithm the
             // machine changed by more than that within the run.
-            let on = |x: usize, i: usize, half: usize| {
-                let mut r: Vec<f64> = t[x]
-                    .iter()
-                    .zip(&t[i])
-                    .skip(half)
-                    .step_by(2)
-                    .map(|(a, b)| a / b)
-                    .collect();
-                median(&mut r)
-            };
             let halves = if t[0].len() > 1 { 0..2 } else { 0..0 };
             let held_out = halves
                 .map(|half| {
@@ -282,7 +280,7 @@ fn main() -> tutti::Result<()> {
                         })
                         .expect("an algorithm");
                     (1..opts.len())
-                        .map(|i| on(chosen, i, half))
+                        .map(|i| paired_over(chosen, i, half, 2))
                         .fold(f64::NEG_INFINITY, f64::max)
                 })
                 .fold(f64::NAN, f64::max);
