@@ -20,7 +20,7 @@ use crate::transport::{make_tag, Link, StepCx};
 use crate::tune::online::{Trials, Watch};
 use executor::{Buffers, Env, Scratchpad};
 use std::cell::UnsafeCell;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -166,13 +166,16 @@ pub(crate) struct Core {
     scratch: Vec<u8>,
     bounce: Vec<u8>,
     pad: Scratchpad,
-    cache: HashMap<(Problem, Option<Algorithm>), Planned>,
+    /// Plans by problem and forced algorithm. The engine's maps hash with
+    /// FxHash: their keys are the engine's own, and a call's lookups with
+    /// SipHash took a third of a 2-rank tuning trial's CPU time.
+    cache: FxHashMap<(Problem, Option<Algorithm>), Planned>,
     /// What the tuner knows (set by the communicator after connecting).
     pub tune: crate::tune::TuneCtx,
     /// The last call's problem, forced algorithm and plan.
     last: Option<(Problem, Option<Algorithm>, Planned)>,
     /// Online tuning's state per call shape ([`crate::tune::online`]).
-    shapes: HashMap<ShapeKey, Shape>,
+    shapes: FxHashMap<ShapeKey, Shape>,
     /// One-shot mailboxes, when every peer shares this rank's segment.
     mailbox: Option<Mailbox>,
     /// The last blocking call that went through the mailboxes, as the comm
@@ -240,10 +243,10 @@ impl Core {
             scratch: Vec::new(),
             bounce: vec![0u8; 256 << 10],
             pad: Scratchpad::default(),
-            cache: HashMap::new(),
+            cache: FxHashMap::default(),
             tune: crate::tune::TuneCtx::single_host(nranks),
             last: None,
-            shapes: HashMap::new(),
+            shapes: FxHashMap::default(),
             auto_colls: 0,
             review_from: u64::MAX,
             mailbox,
