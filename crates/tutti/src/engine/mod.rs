@@ -431,6 +431,14 @@ impl Core {
     }
 
     fn run_inner(&mut self, c: &OpCall, abort: &AtomicBool, repeat: bool) -> Result<()> {
+        // A trial's block runs on the paths that skip the tuner, as its
+        // candidate would once decided: its calls are timed from here, so
+        // that what those paths cost counts as it will then.
+        let entered = self
+            .last
+            .as_ref()
+            .is_some_and(|l| l.2.trial.is_some())
+            .then(Instant::now);
         let seq = self.seq;
         self.seq += 1;
         let esz = c.dtype.size();
@@ -466,11 +474,24 @@ impl Core {
         if repeat {
             let coll_seq = self.next_coll_seq(c);
             // The last call's plan (a repeat follows a call that ran in
-            // one shot on its plan, not a trial's).
+            // one shot on its plan, a decision's or a trial's).
             let planned = self.last.as_ref().is_some_and(|l| l.2.stream);
             let stream = self.config.shm_stream.unwrap_or(planned);
             self.run_oneshot(c, seq, op_tag(c), coll_seq, stream, abort)?;
-            return self.finish_avg(c);
+            self.finish_avg(c)?;
+            if let (Some(t0), Some((p, ..))) = (entered, &self.last) {
+                // A trial's block: this call counts in it, as on every rank
+                // (some take this path, some not, by their buffers).
+                let key = (
+                    Problem {
+                        in_place: false,
+                        ..p.clone()
+                    },
+                    c.dtype,
+                );
+                self.trial_done(key, t0.elapsed().as_secs_f64(), abort)?;
+            }
+            return Ok(());
         }
         self.oneshot_ran = false;
         let problem = Problem {
@@ -483,12 +504,27 @@ impl Core {
             chunks: 1,
             hosts: self.tune.hosts(),
         };
-        // Training loops repeat the same call: remember the last decision
-        // (not a trial's: the next call of the shape tries another).
+        // Training loops repeat the same call: remember the last plan, a
+        // decision or a trial's candidate (until its block ends: then
+        // `trial_done` forgets it, and the shape's next call asks the
+        // tuner for the next candidate).
         let mut trial = None;
         let plan = match &self.last {
-            Some((p, a, plan)) if *a == c.algorithm && *p == problem => {
+            Some((p, a, plan))
+                if *a == c.algorithm
+                    && *p == problem
+                    && plan.trial.is_none_or(|d| d == c.dtype) =>
+            {
                 self.recorder.set_algorithm(plan.alg.name());
+                if plan.trial.is_some() {
+                    trial = Some((
+                        Problem {
+                            in_place: false,
+                            ..problem.clone()
+                        },
+                        c.dtype,
+                    ));
+                }
                 plan.clone()
             }
             _ => {
@@ -512,6 +548,7 @@ impl Core {
                             stream: tuned.is_some_and(|d| d.stream),
                             cma: tuned.is_some_and(|d| d.cma),
                             watch: online.watch,
+                            trial: trial.as_ref().map(|k| k.1),
                         };
                         if trial.is_none() && forced != c.algorithm {
                             // Decided online: remember it under the call's key.
@@ -520,7 +557,7 @@ impl Core {
                         plan
                     }
                 };
-                self.last = trial.is_none().then(|| (key.0, key.1, plan.clone()));
+                self.last = Some((key.0, key.1, plan.clone()));
                 plan
             }
         };
@@ -542,20 +579,20 @@ impl Core {
         // Online tuning's AllReduce (agreeing on a watch window's mean or
         // on trial times) runs inside this call: afterwards the flight
         // recorder shows this call's algorithm, and whether this call ran
-        // through the mailboxes (a repeat may) is this call's alone; a
-        // trial is never a repeat to skip the tuner for (other ranks, one
-        // whose buffers overlap, say, would ask the tuner and try the next
-        // candidate).
+        // through the mailboxes (a repeat may) is this call's alone; the
+        // last call of a trial's block is never a repeat to skip the tuner
+        // for (every rank asks the tuner for the next candidate).
         if plan.watch.is_some() || trial.is_some() {
             let secs = start.elapsed().as_secs_f64();
-            let ran = self.oneshot_ran && trial.is_none();
+            let mut ran = self.oneshot_ran;
             if let Some(w) = &plan.watch {
                 if w.lock().add(secs) {
                     self.watch_done(w, abort)?;
                 }
             }
             if let Some(key) = trial {
-                self.trial_done(key, secs, abort)?;
+                let secs = entered.map_or(secs, |t0| t0.elapsed().as_secs_f64());
+                ran &= !self.trial_done(key, secs, abort)?;
             }
             self.recorder.set_algorithm(alg.name());
             self.oneshot_ran = ran;
@@ -670,14 +707,26 @@ impl Core {
     /// After a trial call of `key`'s shape that took `secs` here: once every
     /// candidate has its timed calls, the ranks agree on each candidate's
     /// time (the maximum over ranks of each rank's mean) and the shape
-    /// is decided.
-    fn trial_done(&mut self, key: ShapeKey, secs: f64, abort: &AtomicBool) -> Result<()> {
+    /// is decided. Returns whether the call ended a block (the last plan
+    /// is then forgotten, so that the next call asks for its candidate).
+    fn trial_done(&mut self, key: ShapeKey, secs: f64, abort: &AtomicBool) -> Result<bool> {
         let Some(Shape::Tuned(t)) = self.shapes.get_mut(&key) else {
-            return Ok(());
+            return Ok(false);
         };
-        if !t.trials.record(secs) {
-            return Ok(());
+        let done = t.trials.record(secs);
+        // The block ended (or the trials did): the shape's next call asks
+        // the tuner, on every rank alike.
+        let ended = t.trials.at_block_start();
+        if ended {
+            self.last = None;
+            self.repeat = None;
         }
+        if !done {
+            return Ok(ended);
+        }
+        let Some(Shape::Tuned(t)) = self.shapes.get_mut(&key) else {
+            unreachable!("a shape is never forgotten");
+        };
         let cands = t.trials.candidates().to_vec();
         let mut us = t.trials.means_us();
         self.all_max(&mut us, abort)?;
@@ -746,7 +795,7 @@ impl Core {
             unsettled,
             "online tuning"
         );
-        Ok(())
+        Ok(true)
     }
 
     /// After a call of a watched shape's decision that filled its window:
@@ -873,6 +922,7 @@ impl Core {
                 stream: false,
                 cma: false,
                 watch: None,
+                trial: None,
             },
         );
         self.recorder.set_algorithm(alg.name());
@@ -997,6 +1047,10 @@ struct Planned {
     /// Online tuning's watch over its shape, where it decided this plan
     /// and watches the shape ([`tune::online::Watch`](crate::tune::online::Watch)).
     watch: Option<Arc<Watched>>,
+    /// Where the plan is a candidate that online tuning tries, the element
+    /// type of its shape (the problem is the one it is remembered with in
+    /// `Core::last`): calls that reuse it count in the trial.
+    trial: Option<DataType>,
 }
 
 /// Every rank times a watched shape's calls alike, so they fill a window at

@@ -415,6 +415,13 @@ impl Trials {
         (turn, c, j % block >= self.lead)
     }
 
+    /// Whether the next call starts a block (or a stretch): the engine
+    /// then asks for its candidate, where within a block the calls reuse
+    /// the plan of the block's first.
+    pub(crate) fn at_block_start(&self) -> bool {
+        self.calls.is_multiple_of(self.lead + self.per)
+    }
+
     /// What the next call runs, and whether it is timed.
     pub(crate) fn next(&self) -> (Choice, bool) {
         let (_, c, timed) = self.place();
