@@ -35,7 +35,12 @@
 //! ```
 //!
 //! The timed calls of a candidate move about 32 MiB in all (9 to 255
-//! calls), the untimed ones a quarter as many. Few calls measure the wrong
+//! calls), the untimed ones a quarter as many. Within a block the calls
+//! reuse the plan of its first through the engine's paths that skip the
+//! tuner (the last call's plan, the mailbox repeat), as the candidate's
+//! calls would once decided, and each is timed from the start of the
+//! engine's run of it; the block's last call makes every rank ask for the
+//! next candidate. Few calls measure the wrong
 //! thing where ranks share cores: they take many calls to fall into the
 //! rhythm in which they hand the cores to each other. 4 ranks on 2 cores,
 //! Reduce of 64 KiB, whose ring ran at 10.5 us a call in a loop: trials
