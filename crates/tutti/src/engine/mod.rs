@@ -482,13 +482,7 @@ impl Core {
             if let (Some(t0), Some((p, ..))) = (entered, &self.last) {
                 // A trial's block: this call counts in it, as on every rank
                 // (some take this path, some not, by their buffers).
-                let key = (
-                    Problem {
-                        in_place: false,
-                        ..p.clone()
-                    },
-                    c.dtype,
-                );
+                let key = shape_of(p, c.dtype);
                 self.trial_done(key, t0.elapsed().as_secs_f64(), abort)?;
             }
             return Ok(());
@@ -517,13 +511,7 @@ impl Core {
             {
                 self.recorder.set_algorithm(plan.alg.name());
                 if plan.trial.is_some() {
-                    trial = Some((
-                        Problem {
-                            in_place: false,
-                            ..problem.clone()
-                        },
-                        c.dtype,
-                    ));
+                    trial = Some(shape_of(&problem, c.dtype));
                 }
                 plan.clone()
             }
@@ -619,13 +607,7 @@ impl Core {
         {
             return Ok(none);
         }
-        let key = (
-            Problem {
-                in_place: false,
-                ..problem.clone()
-            },
-            c.dtype,
-        );
+        let key = shape_of(problem, c.dtype);
         if !self.shapes.contains_key(&key) {
             // Never forget a shape: every rank must agree on which shapes
             // are being tuned (one that repeats a call skips the tuner), so
@@ -724,9 +706,6 @@ impl Core {
         if !done {
             return Ok(ended);
         }
-        let Some(Shape::Tuned(t)) = self.shapes.get_mut(&key) else {
-            unreachable!("a shape is never forgotten");
-        };
         let cands = t.trials.candidates().to_vec();
         let mut us = t.trials.means_us();
         self.all_max(&mut us, abort)?;
@@ -1026,6 +1005,18 @@ fn op_tag(c: &OpCall) -> u16 {
 /// A call shape as online tuning tells them apart: the problem priced out
 /// of place (whether a rank runs in place is its own affair), and the type.
 type ShapeKey = (Problem, DataType);
+
+/// The shape of a call of `p` (as the engine builds it, hosts included)
+/// and `dtype`.
+fn shape_of(p: &Problem, dtype: DataType) -> ShapeKey {
+    (
+        Problem {
+            in_place: false,
+            ..p.clone()
+        },
+        dtype,
+    )
+}
 
 /// A candidate's name in the debug log: its algorithm and its twin
 /// ([`crate::tune::Choice::twin`]).
