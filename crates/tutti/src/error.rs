@@ -70,6 +70,24 @@ pub enum Error {
         msg: String,
     },
 
+    /// A point-to-point message and the receive that matched it differ in
+    /// size (the message is longer than the buffer, or a receive that must
+    /// be filled exactly got another length). Both sides get this error;
+    /// nothing was transferred, and the communicator stays usable.
+    #[error("point-to-point size mismatch between rank {rank} (this process) and rank {peer}, tag {tag}: the message holds {message} bytes, the receive buffer {buffer} bytes; nothing was transferred")]
+    SizeMismatch {
+        /// This process's rank.
+        rank: usize,
+        /// The other side.
+        peer: usize,
+        /// The message's tag.
+        tag: u32,
+        /// The message's bytes.
+        message: usize,
+        /// The receive buffer's bytes.
+        buffer: usize,
+    },
+
     /// The communicator was aborted.
     #[error("communicator aborted")]
     Aborted,

@@ -37,6 +37,7 @@ mod engine;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+mod p2p;
 pub mod reduce;
 pub mod topo;
 pub(crate) mod transport;
@@ -44,9 +45,10 @@ pub mod tune;
 
 pub use algo::{Algorithm, CollKind, Collective};
 pub use bootstrap::{EnvInfo, UniqueId};
-pub use comm::{Communicator, Options, RawCall, Work};
+pub use comm::{Communicator, Options, P2pHandle, P2pOp, RawCall, RawP2p, Received, Work};
 pub use config::Config;
 pub use engine::recorder::{self as trace};
 pub use error::{Error, Result};
+pub use p2p::RecvStatus;
 pub use reduce::{DataType, Element, ReduceOp};
 pub use transport::TransportKind;

@@ -17,7 +17,7 @@ pub mod store;
 use crate::config::{Config, TcpCongestion, TransportChoice};
 use crate::error::{Error, Result};
 use crate::topo::{self, Topology};
-use crate::transport::shm::{DirectRead, Layout, RingLink, Segment};
+use crate::transport::shm::{DirectRead, Layout, RingLink, Segment, P2P_CHANNEL};
 use crate::transport::tcp::{Framing, TcpLink, MAX_LANES};
 use crate::transport::tcp_io::{self, Bell, IoSet};
 use crate::transport::{sys, Link, TransportKind};
@@ -320,6 +320,9 @@ pub(crate) struct Connected {
     /// Ranks of this group on this physical machine (they share its cores).
     pub ranks_on_machine: usize,
     pub links: Vec<Option<Link>>,
+    /// The point-to-point channel's links ([`crate::p2p`]): rings on the
+    /// segment's P2P channel, or a TCP socket of its own per peer.
+    pub p2p_links: Vec<Option<Link>>,
     pub peer_pids: Vec<Option<i32>>,
     pub topo: Topology,
     pub segment: Option<(Arc<Segment>, usize)>,
@@ -574,6 +577,7 @@ pub(crate) fn connect(
     let shm = cfg.transport == TransportChoice::Auto && locals.len() > 1;
     let use_shm = |q: usize| shm && topo.host_of[q] == my_host;
     let mut links: Vec<Option<Link>> = (0..nranks).map(|_| None).collect();
+    let mut p2p_links: Vec<Option<Link>> = (0..nranks).map(|_| None).collect();
     let mut peer_pids = vec![None; nranks];
 
     // Round 2: each host's lowest rank creates the segment and names it.
@@ -618,6 +622,10 @@ pub(crate) fn connect(
                     RingLink::new(seg.clone(), local_me, li, DirectRead::Cma),
                     TransportKind::Shm,
                 ));
+                p2p_links[q] = Some(Link::Ring(
+                    RingLink::on_channel(seg.clone(), P2P_CHANNEL, local_me, li, DirectRead::Cma),
+                    TransportKind::Shm,
+                ));
                 peer_pids[q] = Some(infos[q].pid);
             }
         }
@@ -633,11 +641,13 @@ pub(crate) fn connect(
     let framing = tcp_framing(cfg, tcp_peers);
     for q in (0..rank).filter(|&q| !use_shm(q)) {
         let mut socks = Vec::with_capacity(framing.lanes);
-        for lane in 0..framing.lanes {
+        // The pair's lanes, then the point-to-point channel's socket.
+        for lane in 0..=framing.lanes {
             let hello = Hello {
                 rank,
-                lane,
+                lane: if lane == framing.lanes { 0 } else { lane },
                 framing,
+                p2p: lane == framing.lanes,
             };
             let s = dial(infos[q].addr, token, &hello, deadline).map_err(|e| {
                 boot(format!(
@@ -647,11 +657,13 @@ pub(crate) fn connect(
             })?;
             socks.push(s);
         }
+        let p2p = socks.pop().expect("the P2P socket was dialled last");
         links[q] = Some(Link::Tcp(TcpLink::new(socks, q, framing.chunk)?));
+        p2p_links[q] = Some(Link::Tcp(TcpLink::new(vec![p2p], q, framing.chunk)?));
     }
     let expect: Vec<usize> = (rank + 1..nranks).filter(|&q| !use_shm(q)).collect();
     if let Some(l) = &listener {
-        accept_peers(l, token, &expect, &mut links, deadline).map_err(boot)?;
+        accept_peers(l, token, &expect, &mut links, &mut p2p_links, deadline).map_err(boot)?;
     }
     set_congestion(cfg, &links)?;
     let ranks_on_machine = infos
@@ -688,6 +700,7 @@ pub(crate) fn connect(
     ex.barrier()?;
     Ok(Some(Connected {
         links,
+        p2p_links,
         peer_pids,
         topo,
         segment,
@@ -793,12 +806,15 @@ fn tcp_framing(cfg: &Config, tcp_peers: usize) -> Framing {
 /// What a dialling rank says after the token on each socket it opens to a
 /// peer: its rank, which lane (socket) of the pair this is, and the pair's
 /// framing. On the wire (8 bytes after the 16-byte token): rank (u32, little
-/// endian), lane (u8), lanes (u8), log2 of the frame size (u8), 0.
+/// endian), lane (u8), lanes (u8), log2 of the frame size (u8), and 1 for
+/// the pair's point-to-point socket (its lane then 0), else 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Hello {
     rank: usize,
     lane: usize,
     framing: Framing,
+    /// The socket of the point-to-point channel, not a lane.
+    p2p: bool,
 }
 
 impl Hello {
@@ -808,6 +824,7 @@ impl Hello {
         b[4] = self.lane as u8;
         b[5] = self.framing.lanes as u8;
         b[6] = self.framing.chunk.trailing_zeros() as u8;
+        b[7] = u8::from(self.p2p);
         b
     }
 
@@ -819,7 +836,8 @@ impl Hello {
             || lanes > MAX_LANES
             || lane >= lanes
             || !(12..=26).contains(&log2)
-            || b[7] != 0
+            || b[7] > 1
+            || (b[7] == 1 && lane != 0)
         {
             return None;
         }
@@ -830,6 +848,7 @@ impl Hello {
                 lanes,
                 chunk: 1 << log2,
             },
+            p2p: b[7] == 1,
         })
     }
 }
@@ -881,13 +900,15 @@ fn accept_peers(
     token: [u8; 16],
     expect: &[usize],
     links: &mut [Option<Link>],
+    p2p_links: &mut [Option<Link>],
     deadline: Instant,
 ) -> std::result::Result<(), String> {
     let mut missing: Vec<usize> = expect.to_vec();
     let mut pending: Vec<Pending> = Vec::new();
-    // Lanes arrived so far, per rank: the framing its first lane announced
-    // and the sockets by lane.
-    let mut partial: HashMap<usize, (Framing, Vec<Option<TcpStream>>)> = HashMap::new();
+    // Sockets arrived so far, per rank: the framing its first socket
+    // announced, the sockets by lane, and the point-to-point socket.
+    type Partial = (Framing, Vec<Option<TcpStream>>, Option<TcpStream>);
+    let mut partial: HashMap<usize, Partial> = HashMap::new();
     l.set_nonblocking(true).map_err(|e| e.to_string())?;
     while !missing.is_empty() {
         if Instant::now() >= deadline {
@@ -948,23 +969,32 @@ fn accept_peers(
                     );
                     continue;
                 }
-                let (framing, socks) = partial
-                    .entry(q)
-                    .or_insert_with(|| (h.framing, (0..h.framing.lanes).map(|_| None).collect()));
-                if *framing != h.framing || socks[h.lane].is_some() {
+                let (framing, socks, p2p) = partial.entry(q).or_insert_with(|| {
+                    (
+                        h.framing,
+                        (0..h.framing.lanes).map(|_| None).collect(),
+                        None,
+                    )
+                });
+                let slot = if h.p2p { &mut *p2p } else { &mut socks[h.lane] };
+                if *framing != h.framing || slot.is_some() {
                     tracing::warn!(
-                        "tutti: dropped a connection from {} claiming rank {q}: its lane {} of {} does not fit the lanes already connected",
-                        p.from, h.lane, h.framing.lanes
+                        "tutti: dropped a connection from {} claiming rank {q}: its lane {} of {} (p2p: {}) does not fit the lanes already connected",
+                        p.from, h.lane, h.framing.lanes, h.p2p
                     );
                     continue;
                 }
-                socks[h.lane] = Some(p.sock);
-                if socks.iter().all(|s| s.is_some()) {
-                    let (framing, socks) = partial.remove(&q).expect("present");
+                *slot = Some(p.sock);
+                if p2p.is_some() && socks.iter().all(|s| s.is_some()) {
+                    let (framing, socks, p2p) = partial.remove(&q).expect("present");
                     let socks: Vec<TcpStream> = socks.into_iter().flatten().collect();
+                    let p2p = p2p.expect("checked above");
                     missing.retain(|&m| m != q);
                     links[q] = Some(Link::Tcp(
                         TcpLink::new(socks, q, framing.chunk).map_err(|e| e.to_string())?,
+                    ));
+                    p2p_links[q] = Some(Link::Tcp(
+                        TcpLink::new(vec![p2p], q, framing.chunk).map_err(|e| e.to_string())?,
                     ));
                 }
                 continue;

@@ -1,11 +1,13 @@
 //! The public face: [`Communicator`].
 
 pub(crate) mod ops;
+mod p2p;
 mod shrink;
 mod split;
 mod work;
 
 pub use ops::RawCall;
+pub use p2p::{P2pHandle, P2pOp, RawP2p, Received};
 pub(crate) use shrink::drain as drain_listener;
 pub use work::Work;
 
@@ -15,7 +17,7 @@ use crate::config::Config;
 use crate::engine::{Core, Engine};
 use crate::error::{Error, Result};
 use crate::topo::Topology;
-use crate::transport::shm::{DirectRead, RingLink, Segment};
+use crate::transport::shm::{DirectRead, RingLink, Segment, P2P_CHANNEL};
 use crate::transport::{Link, TransportKind};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -55,6 +57,8 @@ pub struct Options {
 /// ```
 pub struct Communicator {
     pub(crate) engine: Engine,
+    /// Sends and receives, beside the engine's collectives.
+    pub(crate) p2p: crate::p2p::P2p,
     rank: usize,
     size: usize,
     topo: Topology,
@@ -90,6 +94,47 @@ pub(crate) fn keep_rescue(core: &mut Core, l: Option<&std::net::TcpListener>) {
         let _ = l.set_nonblocking(true);
         core.rescue = l.try_clone().ok();
     }
+}
+
+/// Messages at least this long go straight from the sender's memory on
+/// the point-to-point channel's shared-memory links, where ranks can read
+/// each other's memory.
+const P2P_DIRECT_BYTES: usize = 256 << 10;
+
+/// Starts a connected group's engine over `core`, and makes its
+/// point-to-point channel over `p2p_links`.
+pub(crate) fn start(
+    core: Core,
+    p2p_links: Vec<Option<Link>>,
+    topo: &Topology,
+    config: &Config,
+    ranks_here: usize,
+    threads: bool,
+) -> (Engine, crate::p2p::P2p) {
+    let bell = core.bell_owner.clone().map(|s| (s, core.local_index));
+    let pids = core.peer_pids.clone();
+    let rank = core.rank;
+    let engine = Engine::new(core);
+    let cma = threads
+        || topo
+            .host_of
+            .get(rank)
+            .and_then(|&h| topo.hosts.get(h))
+            .is_some_and(|h| h.cma);
+    let direct = config
+        .direct_bytes
+        .unwrap_or(if cma { P2P_DIRECT_BYTES } else { usize::MAX });
+    let p2p = crate::p2p::P2p::new(
+        p2p_links,
+        pids,
+        rank,
+        direct,
+        // The progress thread is one more busy thread per rank.
+        config.spin_for(2 * ranks_here),
+        bell,
+        engine.abort.clone(),
+    );
+    (engine, p2p)
 }
 
 /// The tuner's view of a communicator.
@@ -208,16 +253,19 @@ impl Communicator {
         let mut topo = Topology::from_host_ids(&vec![String::from("local"); n]);
         let mut out = Vec::with_capacity(n);
         for r in 0..n {
-            let links: Vec<Option<Link>> = (0..n)
-                .map(|q| {
-                    (q != r).then(|| {
-                        Link::Ring(
-                            RingLink::new(seg.clone(), r, q, DirectRead::Memcpy),
-                            TransportKind::Local,
-                        )
+            let ring = |chan: usize| -> Vec<Option<Link>> {
+                (0..n)
+                    .map(|q| {
+                        (q != r).then(|| {
+                            Link::Ring(
+                                RingLink::on_channel(seg.clone(), chan, r, q, DirectRead::Memcpy),
+                                TransportKind::Local,
+                            )
+                        })
                     })
-                })
-                .collect();
+                    .collect()
+            };
+            let (links, p2p_links) = (ring(0), ring(P2P_CHANNEL));
             topo.transports = links.iter().map(|l| l.as_ref().map(|l| l.kind())).collect();
             let mut core = Core::new(
                 links,
@@ -229,8 +277,10 @@ impl Communicator {
                 None,
             );
             core.tune = tune_ctx(&topo, &config, true);
+            let (engine, p2p) = start(core, p2p_links, &topo, &config, n, true);
             out.push(Communicator {
-                engine: Engine::new(core),
+                engine,
+                p2p,
                 rank: r,
                 size: n,
                 topo: topo.clone(),
@@ -265,6 +315,7 @@ impl Communicator {
             peer_addrs,
             ranks_on_machine,
             links,
+            p2p_links,
             peer_pids,
             topo,
             segment,
@@ -293,8 +344,10 @@ impl Communicator {
             topo.transports.iter().flatten().collect::<Vec<_>>(),
             config.socket_ifname
         );
+        let (engine, p2p) = start(core, p2p_links, &topo, &config, ranks_here, false);
         let comm = Communicator {
-            engine: Engine::new(core),
+            engine,
+            p2p,
             rank,
             size: nranks,
             topo,
@@ -378,6 +431,7 @@ impl Communicator {
     /// once, and so does every later op. Callable from any thread.
     pub fn abort(&self) {
         self.engine.abort();
+        self.p2p.wake();
     }
 
     /// The first error this communicator hit, if any (like

@@ -276,6 +276,13 @@ impl Communicator {
     /// writes of `recv_len` bytes, and neither may be accessed by anything
     /// else until this returns.
     pub unsafe fn run_raw(&self, c: &RawCall, opts: &Options) -> Result<()> {
+        if let Some(p) = p2p_of(c) {
+            // SAFETY: the caller's promise covers the buffer for this call.
+            let (w, _) = unsafe { self.post_p2p_raw(&[p?], opts.timeout) }
+                .pop()
+                .expect("one op");
+            return w.wait();
+        }
         self.engine.run_raw(c, opts, || self.check(c, opts))
     }
 
@@ -286,6 +293,20 @@ impl Communicator {
     /// valid and untouched until the returned [`Work`] reports completion.
     pub unsafe fn submit_raw(&self, c: &RawCall, opts: &Options) -> Work<()> {
         let done = Arc::new(Completion::default());
+        match p2p_of(c) {
+            // SAFETY: the caller's promise covers the buffer until the Work completes.
+            Some(Ok(p)) => {
+                return unsafe { self.post_p2p_raw(&[p], opts.timeout) }
+                    .pop()
+                    .expect("one op")
+                    .0
+            }
+            Some(Err(e)) => {
+                done.complete(Err(e));
+                return Work::new(done, ());
+            }
+            None => {}
+        }
         match self.check(c, opts) {
             Ok(op) => self.engine.submit(op, done.clone()),
             Err(e) => done.complete(Err(e)),
@@ -571,7 +592,7 @@ impl Communicator {
         )
     }
 
-    // ---- Barrier, Send, Recv ----
+    // ---- Barrier (Send and Recv: see p2p.rs) ----
 
     /// Returns once every rank has entered the barrier.
     pub fn barrier(&self) -> Result<()> {
@@ -588,58 +609,41 @@ impl Communicator {
             (),
         )
     }
+}
 
-    /// Sends `buf` to `peer`, which must call [`recv`](Communicator::recv) with the same length.
-    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
-        self.blocking(
-            call(
-                Collective::Send { peer },
-                ReduceOp::Sum,
-                buf.len(),
-                buf,
-                &mut [],
-            ),
-            &Options::default(),
-        )
-    }
-
-    /// Receives `buf.len()` elements from `peer`.
-    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
-        self.blocking(
-            call(
-                Collective::Recv { peer },
-                ReduceOp::Sum,
-                buf.len(),
-                &[],
-                buf,
-            ),
-            &Options::default(),
-        )
-    }
-
-    /// Asynchronous [`send`](Communicator::send).
-    pub fn send_async<T: Element>(&self, buf: Vec<T>, peer: usize) -> Work<Vec<T>> {
-        let c = call(
-            Collective::Send { peer },
-            ReduceOp::Sum,
-            buf.len(),
-            &buf,
-            &mut [],
-        );
-        self.issue(c, buf)
-    }
-
-    /// Asynchronous [`recv`](Communicator::recv).
-    pub fn recv_async<T: Element>(&self, mut buf: Vec<T>, peer: usize) -> Work<Vec<T>> {
-        let c = call(
-            Collective::Recv { peer },
-            ReduceOp::Sum,
-            buf.len(),
-            &[],
-            &mut buf,
-        );
-        self.issue(c, buf)
-    }
+/// A raw Send or Recv as a point-to-point op (tag 0, exact length), after
+/// checking its buffer; `None` for collectives.
+fn p2p_of(c: &RawCall) -> Option<Result<super::RawP2p>> {
+    let (send, peer) = match c.coll {
+        Collective::Send { peer } => (true, peer),
+        Collective::Recv { peer } => (false, peer),
+        _ => return None,
+    };
+    let (ptr, have) = if send {
+        (c.send as *mut u8, c.send_len)
+    } else {
+        (c.recv, c.recv_len)
+    };
+    let what = if send { "send" } else { "recv" };
+    Some(
+        c.count
+            .checked_mul(c.dtype.size())
+            .filter(|&len| len <= have)
+            .map(|len| super::RawP2p {
+                send,
+                peer: Some(peer),
+                ptr,
+                len,
+                tag: 0,
+                exact: true,
+            })
+            .ok_or_else(|| {
+                Error::arg(format!(
+                    "{what}: {} elements of {} do not fit its buffer of {have} bytes",
+                    c.count, c.dtype
+                ))
+            }),
+    )
 }
 
 fn hint(c: Collective, n: usize) -> String {

@@ -11,7 +11,7 @@
 use super::Communicator;
 use crate::bootstrap::store::{StoreClient, StoreServer};
 use crate::bootstrap::{self, StoreExchange};
-use crate::engine::{Core, Engine};
+use crate::engine::Core;
 use crate::error::{Error, Result};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Mutex;
@@ -115,8 +115,17 @@ impl Communicator {
         );
         core.tune = super::tune_ctx(&conn.topo, &self.config, false);
         super::keep_rescue(&mut core, conn.rescue.as_ref());
+        let (engine, p2p) = super::start(
+            core,
+            conn.p2p_links,
+            &conn.topo,
+            &self.config,
+            ranks_here,
+            false,
+        );
         Ok(Communicator {
-            engine: Engine::new(core),
+            engine,
+            p2p,
             rank: new_rank,
             size: survivors.len(),
             topo: conn.topo,

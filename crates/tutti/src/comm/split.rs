@@ -8,7 +8,7 @@
 
 use super::Communicator;
 use crate::bootstrap::{self, Exchange};
-use crate::engine::{Core, Engine};
+use crate::engine::Core;
 use crate::error::{Error, Result};
 use crate::topo::Topology;
 use crate::transport::shm::{DirectRead, RingLink, Segment};
@@ -116,8 +116,17 @@ impl Communicator {
         core.tune = super::tune_ctx(&conn.topo, &self.config, false);
         super::keep_rescue(&mut core, conn.rescue.as_ref());
         let rescue = conn.rescue.map(|l| (l, conn.peer_addrs));
+        let (engine, p2p) = super::start(
+            core,
+            conn.p2p_links,
+            &conn.topo,
+            &self.config,
+            ranks_here,
+            false,
+        );
         Ok(Some(Communicator {
-            engine: Engine::new(core),
+            engine,
+            p2p,
             rank,
             size: members.len(),
             topo: conn.topo,
@@ -191,16 +200,19 @@ impl Communicator {
         // reference per member; each member takes exactly its own entry once.
         let seg: Arc<Segment> = unsafe { Arc::from_raw(raw as *const Segment) };
         let m = members.len();
-        let links: Vec<Option<Link>> = (0..m)
-            .map(|q| {
-                (q != rank).then(|| {
-                    Link::Ring(
-                        RingLink::new(seg.clone(), rank, q, DirectRead::Memcpy),
-                        TransportKind::Local,
-                    )
+        let ring = |chan: usize| -> Vec<Option<Link>> {
+            (0..m)
+                .map(|q| {
+                    (q != rank).then(|| {
+                        Link::Ring(
+                            RingLink::on_channel(seg.clone(), chan, rank, q, DirectRead::Memcpy),
+                            TransportKind::Local,
+                        )
+                    })
                 })
-            })
-            .collect();
+                .collect()
+        };
+        let (links, p2p_links) = (ring(0), ring(crate::transport::shm::P2P_CHANNEL));
         let mut topo = Topology::from_host_ids(&vec![String::from("local"); m]);
         topo.transports = links.iter().map(|l| l.as_ref().map(|l| l.kind())).collect();
         let mut core = Core::new(
@@ -213,8 +225,10 @@ impl Communicator {
             None,
         );
         core.tune = super::tune_ctx(&topo, &self.config, true);
+        let (engine, p2p) = super::start(core, p2p_links, &topo, &self.config, m, true);
         Ok(Some(Communicator {
-            engine: Engine::new(core),
+            engine,
+            p2p,
             rank,
             size: m,
             topo,

@@ -8,14 +8,18 @@
 //! ranks:
 //!
 //! ```text
-//! [ SegHeader | Doorbell x L | RingCtl x L*L | ring data x L*L (cap bytes each)
-//!   | mailbox slots x L*16 ]
+//! [ SegHeader | Doorbell x L | RingCtl x C*L*L | ring data x C*L*L (cap bytes
+//!   each) | mailbox slots x L*16 ]
 //! ```
 //!
 //! The mailboxes carry small collectives in one shot (see
-//! [`mailbox`](super::mailbox)); the rings carry everything else.
+//! [`mailbox`](super::mailbox)); the rings carry everything else, on
+//! [`CHANNELS`] independent channels: channel 0 for collectives (in issue
+//! order), channel [`P2P_CHANNEL`] for point-to-point messages, so that a
+//! send or receive never waits behind a collective's bytes or the reverse.
 //!
-//! Ring (i, j) carries bytes from local rank i to local rank j. Its
+//! Ring (c, i, j) carries bytes of channel c from local rank i to local
+//! rank j. Its
 //! `RingCtl` holds three cache-padded counters: `head` (bytes ever written,
 //! stored only by i), `tail` (bytes ever consumed, stored only by j) and
 //! `acked` (direct-read messages j has finished, stored only by j).
@@ -105,7 +109,12 @@ struct SegHeader {
     cap: AtomicU64,
 }
 
-const MAGIC: u64 = 0x7475_7474_6973_6d31; // "tuttism1"
+const MAGIC: u64 = 0x7475_7474_6973_6d32; // "tuttism2"
+
+/// Independent sets of rings in a segment (see the module docs).
+pub(crate) const CHANNELS: usize = 2;
+/// The channel of point-to-point messages ([`crate::p2p`]).
+pub(crate) const P2P_CHANNEL: usize = 1;
 
 /// Sizes and offsets of the parts of a segment.
 #[derive(Clone, Copy, Debug)]
@@ -125,9 +134,9 @@ impl Layout {
         let pad = |x: usize| x.div_ceil(128) * 128;
         let bells = pad(std::mem::size_of::<SegHeader>());
         let ctls = bells + pad(locals * std::mem::size_of::<CachePadded<Doorbell>>());
-        let data =
-            pad(ctls + locals * locals * std::mem::size_of::<RingCtl>()).div_ceil(4096) * 4096;
-        let mbox = data + locals * locals * cap;
+        let rings = CHANNELS * locals * locals;
+        let data = pad(ctls + rings * std::mem::size_of::<RingCtl>()).div_ceil(4096) * 4096;
+        let mbox = data + rings * cap;
         let total = mbox + locals * super::mailbox::SLOTS * super::mailbox::SLOT_STRIDE;
         Layout {
             locals,
@@ -247,21 +256,26 @@ impl Segment {
         unsafe { &*(self.base.add(self.layout.bells) as *const CachePadded<Doorbell>).add(i) }
     }
 
-    fn ctl(&self, from: usize, to: usize) -> &RingCtl {
+    /// The index of ring (chan, from, to) among the segment's rings.
+    #[inline]
+    fn ring(&self, chan: usize, from: usize, to: usize) -> usize {
         let l = self.layout.locals;
-        assert!(from < l && to < l);
-        // SAFETY: the RingCtl array lies at `ctls` with locals*locals entries.
-        unsafe { &*(self.base.add(self.layout.ctls) as *const RingCtl).add(from * l + to) }
+        assert!(chan < CHANNELS && from < l && to < l);
+        (chan * l + from) * l + to
     }
 
-    fn data(&self, from: usize, to: usize) -> *mut u8 {
-        let l = self.layout.locals;
-        // SAFETY: ring data lies at `data`, cap bytes per ordered pair, all
-        // inside the mapping of `total` bytes.
-        unsafe {
-            self.base
-                .add(self.layout.data + (from * l + to) * self.layout.cap)
-        }
+    fn ctl(&self, chan: usize, from: usize, to: usize) -> &RingCtl {
+        let i = self.ring(chan, from, to);
+        // SAFETY: the RingCtl array lies at `ctls` with CHANNELS*locals*locals
+        // entries, and `ring` checked i is one of them.
+        unsafe { &*(self.base.add(self.layout.ctls) as *const RingCtl).add(i) }
+    }
+
+    fn data(&self, chan: usize, from: usize, to: usize) -> *mut u8 {
+        let i = self.ring(chan, from, to);
+        // SAFETY: ring data lies at `data`, cap bytes per ring, all inside
+        // the mapping of `total` bytes (`ring` checked the index).
+        unsafe { self.base.add(self.layout.data + i * self.layout.cap) }
     }
 }
 
@@ -339,9 +353,11 @@ pub(crate) enum DirectRead {
     Cma,
 }
 
-/// One peer's pair of rings: ours to it and its to us.
+/// One peer's pair of rings on one channel: ours to it and its to us.
 pub(crate) struct RingLink {
     seg: Arc<Segment>,
+    /// The channel (0: collectives; [`P2P_CHANNEL`]).
+    chan: usize,
     me: usize,
     peer: usize,
     direct: DirectRead,
@@ -355,9 +371,22 @@ pub(crate) struct RingLink {
 }
 
 impl RingLink {
+    /// The collectives' link between local ranks `me` and `peer`.
     pub(crate) fn new(seg: Arc<Segment>, me: usize, peer: usize, direct: DirectRead) -> Self {
+        Self::on_channel(seg, 0, me, peer, direct)
+    }
+
+    /// The link between local ranks `me` and `peer` on channel `chan`.
+    pub(crate) fn on_channel(
+        seg: Arc<Segment>,
+        chan: usize,
+        me: usize,
+        peer: usize,
+        direct: DirectRead,
+    ) -> Self {
         RingLink {
             seg,
+            chan,
             me,
             peer,
             direct,
@@ -382,7 +411,7 @@ impl RingLink {
     /// started on (what [`peek_header`](Self::peek_header) would return).
     #[inline]
     pub(crate) fn has_message(&self) -> bool {
-        let ctl = self.seg.ctl(self.peer, self.me);
+        let ctl = self.seg.ctl(self.chan, self.peer, self.me);
         let t = ctl.tail.load(Ordering::Relaxed);
         ctl.head.load(Ordering::Acquire) - t >= HEADER_BYTES as u64
     }
@@ -396,13 +425,17 @@ impl RingLink {
         let seg = &*self.seg;
         let cap = seg.layout.cap as u64;
         // This side alone moves the tail.
-        let t = seg.ctl(self.peer, self.me).tail.load(Ordering::Relaxed);
+        let t = seg
+            .ctl(self.chan, self.peer, self.me)
+            .tail
+            .load(Ordering::Relaxed);
         let mut hdr = Header::default();
         // SAFETY: 16 published bytes at t (16-aligned, not wrapping). Only
         // called between messages, where t is a message boundary.
         unsafe {
             std::ptr::copy_nonoverlapping(
-                seg.data(self.peer, self.me).add((t % cap) as usize),
+                seg.data(self.chan, self.peer, self.me)
+                    .add((t % cap) as usize),
                 bytemuck::bytes_of_mut(&mut hdr).as_mut_ptr(),
                 HEADER_BYTES,
             )
@@ -412,7 +445,7 @@ impl RingLink {
 
     /// True if no unread byte from the peer is in the ring.
     pub(crate) fn inbound_empty(&self) -> bool {
-        let ctl = self.seg.ctl(self.peer, self.me);
+        let ctl = self.seg.ctl(self.chan, self.peer, self.me);
         ctl.head.load(Ordering::Acquire) == ctl.tail.load(Ordering::Relaxed)
     }
 
@@ -420,8 +453,8 @@ impl RingLink {
     pub(crate) fn send(&mut self, m: &mut SendMsg, cx: &StepCx) -> Result<bool> {
         let seg = &*self.seg;
         let cap = seg.layout.cap as u64;
-        let ctl = seg.ctl(self.me, self.peer);
-        let data = seg.data(self.me, self.peer);
+        let ctl = seg.ctl(self.chan, self.me, self.peer);
+        let data = seg.data(self.chan, self.me, self.peer);
         let head = ctl.head.load(Ordering::Relaxed);
         let tail = ctl.tail.load(Ordering::Acquire);
         let free = cap - (head - tail);
@@ -524,8 +557,8 @@ impl RingLink {
     pub(crate) fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool> {
         let seg = &*self.seg;
         let cap = seg.layout.cap as u64;
-        let ctl = seg.ctl(self.peer, self.me);
-        let data = seg.data(self.peer, self.me);
+        let ctl = seg.ctl(self.chan, self.peer, self.me);
+        let data = seg.data(self.chan, self.peer, self.me);
         let tail = ctl.tail.load(Ordering::Relaxed);
         let head = ctl.head.load(Ordering::Acquire);
         let mut t = tail;
@@ -653,7 +686,7 @@ impl RingLink {
         if m.done {
             return;
         }
-        let ctl = self.seg.ctl(self.me, self.peer);
+        let ctl = self.seg.ctl(self.chan, self.me, self.peer);
         if ctl
             .claim
             .compare_exchange(k - 1, REVOKED | k, Ordering::AcqRel, Ordering::Acquire)

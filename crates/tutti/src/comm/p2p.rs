@@ -1,0 +1,365 @@
+//! Point-to-point calls: send, receive, and batches of both. They run on
+//! the communicator's point-to-point channel ([`crate::p2p`]), beside the
+//! collectives and not behind them, and match per (peer, tag) in order.
+
+use super::{Communicator, Work};
+use crate::engine::Completion;
+use crate::error::{Error, Result};
+use crate::p2p::{Post, PostKind, RecvStatus, StatusCell};
+use crate::reduce::Element;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One send or receive of a batch ([`Communicator::batch_isend_irecv`],
+/// like an entry of torch's `batch_isend_irecv` or a call between NCCL's
+/// group start and end). It borrows its buffer for the batch's duration.
+#[derive(Debug)]
+pub struct P2pOp<'a> {
+    raw: RawP2p,
+    _buf: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> P2pOp<'a> {
+    /// Sends `buf` to `peer` with `tag`.
+    pub fn send<T: Element>(buf: &'a [T], peer: usize, tag: u32) -> Self {
+        P2pOp {
+            raw: RawP2p {
+                send: true,
+                peer: Some(peer),
+                ptr: buf.as_ptr() as *mut u8,
+                len: std::mem::size_of_val(buf),
+                tag,
+                exact: true,
+            },
+            _buf: PhantomData,
+        }
+    }
+
+    /// Receives a message of exactly `buf.len()` elements from `src` with `tag`.
+    pub fn recv<T: Element>(buf: &'a mut [T], src: usize, tag: u32) -> Self {
+        P2pOp {
+            raw: RawP2p {
+                send: false,
+                peer: Some(src),
+                ptr: buf.as_mut_ptr() as *mut u8,
+                len: std::mem::size_of_val(buf),
+                tag,
+                exact: true,
+            },
+            _buf: PhantomData,
+        }
+    }
+
+    /// Receives a message of at most `buf.len()` elements with `tag` from
+    /// `src`, or from whichever rank's message arrives first (`None`); the
+    /// batch's result says who sent it and how long it is.
+    pub fn recv_from<T: Element>(buf: &'a mut [T], src: Option<usize>, tag: u32) -> Self {
+        P2pOp {
+            raw: RawP2p {
+                send: false,
+                peer: src,
+                ptr: buf.as_mut_ptr() as *mut u8,
+                len: std::mem::size_of_val(buf),
+                tag,
+                exact: false,
+            },
+            _buf: PhantomData,
+        }
+    }
+}
+
+/// An untyped send or receive, for the C and Python bindings
+/// ([`Communicator::post_p2p_raw`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RawP2p {
+    /// A send (else a receive).
+    pub send: bool,
+    /// The peer: a send's destination, a receive's source (`None`: any rank;
+    /// receives only).
+    pub peer: Option<usize>,
+    /// The buffer.
+    pub ptr: *mut u8,
+    /// Its length in bytes: a send's message, a receive's capacity.
+    pub len: usize,
+    /// The tag; messages match per (peer, tag) in order.
+    pub tag: u32,
+    /// Receives: the message must fill the buffer exactly (else: at most).
+    pub exact: bool,
+}
+
+// SAFETY: RawP2p only carries an address; the unsafe entry point that uses
+// it states the caller's obligations.
+unsafe impl Send for RawP2p {}
+
+/// A posted raw send or receive: its completion and, for a receive, what
+/// arrived.
+#[derive(Debug)]
+pub struct P2pHandle {
+    status: Option<Arc<StatusCell>>,
+}
+
+impl P2pHandle {
+    /// What the receive got (`None` for sends). Read it after the op's
+    /// [`Work`] completed without error.
+    pub fn status(&self) -> Option<RecvStatus> {
+        self.status.as_ref().and_then(|s| s.get())
+    }
+}
+
+impl std::fmt::Debug for StatusCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StatusCell")
+    }
+}
+
+/// A message received by [`Communicator::recv_from_async`]: the buffer and
+/// who sent what.
+#[derive(Debug)]
+pub struct Received<T> {
+    /// The buffer; its first [`RecvStatus::bytes`] bytes hold the message.
+    pub buf: Vec<T>,
+    status: Arc<StatusCell>,
+}
+
+impl<T> Received<T> {
+    /// Who sent the message, its tag and its length.
+    pub fn status(&self) -> RecvStatus {
+        self.status
+            .get()
+            .expect("a message received without error has its status")
+    }
+}
+
+impl Communicator {
+    /// Checks `op` and makes its post (or the error it completes with).
+    fn post_of(&self, op: &RawP2p, timeout: Option<Duration>) -> Result<Post> {
+        let n = self.size();
+        let what = if op.send { "send" } else { "recv" };
+        match op.peer {
+            Some(p) if p >= n => {
+                return Err(Error::arg(format!(
+                    "{what}: peer {p} is out of range for a communicator of {n} ranks"
+                )))
+            }
+            None if op.send => {
+                return Err(Error::arg("send: a send needs a destination rank"));
+            }
+            _ => {}
+        }
+        if op.ptr.is_null() && op.len > 0 {
+            return Err(Error::arg(format!(
+                "{what}: null buffer of {} bytes",
+                op.len
+            )));
+        }
+        Ok(Post {
+            kind: if op.send {
+                PostKind::Send {
+                    peer: op.peer.expect("checked above"),
+                }
+            } else {
+                PostKind::Recv {
+                    src: op.peer,
+                    exact: op.exact,
+                }
+            },
+            ptr: op.ptr,
+            len: op.len,
+            tag: op.tag,
+            timeout: timeout.unwrap_or(self.config().timeout),
+            done: Arc::new(Completion::default()),
+            status: (!op.send).then(|| Arc::new(StatusCell::default())),
+        })
+    }
+
+    /// Posts `ops` at once; each gets its completion and status.
+    fn post_all(
+        &self,
+        ops: &[RawP2p],
+        timeout: Option<Duration>,
+    ) -> Vec<(Arc<Completion>, Option<Arc<StatusCell>>)> {
+        let mut posts = Vec::with_capacity(ops.len());
+        let mut out = Vec::with_capacity(ops.len());
+        for op in ops {
+            match self.post_of(op, timeout) {
+                Ok(p) => {
+                    out.push((p.done.clone(), p.status.clone()));
+                    posts.push(p);
+                }
+                Err(e) => {
+                    let done = Arc::new(Completion::default());
+                    done.complete(Err(e));
+                    out.push((done, None));
+                }
+            }
+        }
+        self.p2p.post(posts);
+        out
+    }
+
+    /// Posts `ops` and waits for all of them; the first error, if any.
+    fn run_p2p(&self, ops: &[RawP2p]) -> Result<Vec<Option<RecvStatus>>> {
+        let posted = self.post_all(ops, None);
+        let mut first = None;
+        let mut out = Vec::with_capacity(posted.len());
+        for (done, status) in posted {
+            let r = done.wait(None).expect("waiting without a deadline returns");
+            match r {
+                Ok(()) => out.push(status.and_then(|s| s.get())),
+                Err(e) => {
+                    first.get_or_insert(e);
+                    out.push(None);
+                }
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// Posts untyped sends and receives at once, like torch's
+    /// `batch_isend_irecv`: each returns its [`Work`] (which completes when
+    /// the op does) and a handle that reads a receive's status. `timeout`:
+    /// the ops' deadline (`None`: the communicator's).
+    ///
+    /// # Safety
+    /// Each op's buffer must be valid for `len` bytes (reads for sends,
+    /// writes for receives) and must not be touched by anything else, nor
+    /// be a receive's buffer overlapping another op's, until its `Work`
+    /// reports completion.
+    pub unsafe fn post_p2p_raw(
+        &self,
+        ops: &[RawP2p],
+        timeout: Option<Duration>,
+    ) -> Vec<(Work<()>, P2pHandle)> {
+        self.post_all(ops, timeout)
+            .into_iter()
+            .map(|(done, status)| (Work::new(done, ()), P2pHandle { status }))
+            .collect()
+    }
+
+    /// Posts a batch of sends and receives at once and waits for all of
+    /// them (torch's `batch_isend_irecv` followed by waits; NCCL's group
+    /// calls). No order of the ops within a batch, or of the batches of
+    /// two ranks, can deadlock: every op progresses on its own. Returns,
+    /// per op, what a receive got (`None` for sends); the first error if
+    /// any op failed (after all of them ended).
+    ///
+    /// ```
+    /// use tutti::{Communicator, P2pOp};
+    ///
+    /// // A ring shift: every rank sends to the next and receives from the
+    /// // previous, both at once.
+    /// let comms = Communicator::init_all(3).unwrap();
+    /// std::thread::scope(|s| {
+    ///     for c in &comms {
+    ///         s.spawn(move || {
+    ///             let (r, n) = (c.rank(), c.size());
+    ///             let out = vec![r as u32; 1 << 20];
+    ///             let mut inp = vec![0u32; 1 << 20];
+    ///             c.batch_isend_irecv(vec![
+    ///                 P2pOp::send(&out, (r + 1) % n, 0),
+    ///                 P2pOp::recv(&mut inp, (r + n - 1) % n, 0),
+    ///             ])
+    ///             .unwrap();
+    ///             assert!(inp.iter().all(|&x| x as usize == (r + n - 1) % n));
+    ///         });
+    ///     }
+    /// });
+    /// ```
+    pub fn batch_isend_irecv(&self, ops: Vec<P2pOp<'_>>) -> Result<Vec<Option<RecvStatus>>> {
+        let raw: Vec<RawP2p> = ops.iter().map(|o| o.raw).collect();
+        // The ops borrow their buffers until this returns, and it returns
+        // only once every op has completed.
+        self.run_p2p(&raw)
+    }
+
+    /// Sends `buf` to `peer` (tag 0), which receives it with
+    /// [`recv`](Communicator::recv) (or any receive of tag 0). Returns once
+    /// the message is delivered.
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        self.send_tagged(buf, peer, 0)
+    }
+
+    /// [`send`](Communicator::send) with a tag.
+    pub fn send_tagged<T: Element>(&self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
+        self.batch_isend_irecv(vec![P2pOp::send(buf, peer, tag)])
+            .map(|_| ())
+    }
+
+    /// Receives a message of exactly `buf.len()` elements from `peer` (tag 0).
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        self.recv_tagged(buf, peer, 0)
+    }
+
+    /// [`recv`](Communicator::recv) with a tag.
+    pub fn recv_tagged<T: Element>(&self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
+        self.batch_isend_irecv(vec![P2pOp::recv(buf, peer, tag)])
+            .map(|_| ())
+    }
+
+    /// Receives a message of at most `buf.len()` elements with `tag` from
+    /// `src`, or from any rank (`None`): returns who sent it and its length.
+    /// A message longer than `buf` fails on both sides with
+    /// [`Error::SizeMismatch`], and nothing is written.
+    pub fn recv_from<T: Element>(
+        &self,
+        buf: &mut [T],
+        src: Option<usize>,
+        tag: u32,
+    ) -> Result<RecvStatus> {
+        let s = self.batch_isend_irecv(vec![P2pOp::recv_from(buf, src, tag)])?;
+        Ok(s[0].expect("a receive has a status"))
+    }
+
+    /// Asynchronous [`send`](Communicator::send).
+    pub fn send_async<T: Element>(&self, buf: Vec<T>, peer: usize) -> Work<Vec<T>> {
+        self.send_tagged_async(buf, peer, 0)
+    }
+
+    /// Asynchronous [`send_tagged`](Communicator::send_tagged).
+    pub fn send_tagged_async<T: Element>(
+        &self,
+        buf: Vec<T>,
+        peer: usize,
+        tag: u32,
+    ) -> Work<Vec<T>> {
+        let op = P2pOp::send(&buf, peer, tag).raw;
+        let (done, _) = self.post_all(&[op], None).pop().expect("one op");
+        // The vector's heap memory does not move when it moves into Work,
+        // and Work keeps it alive (and blocks in drop) until the op is done.
+        Work::new(done, buf)
+    }
+
+    /// Asynchronous [`recv`](Communicator::recv).
+    pub fn recv_async<T: Element>(&self, buf: Vec<T>, peer: usize) -> Work<Vec<T>> {
+        self.recv_tagged_async(buf, peer, 0)
+    }
+
+    /// Asynchronous [`recv_tagged`](Communicator::recv_tagged).
+    pub fn recv_tagged_async<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        peer: usize,
+        tag: u32,
+    ) -> Work<Vec<T>> {
+        let op = P2pOp::recv(&mut buf, peer, tag).raw;
+        let (done, _) = self.post_all(&[op], None).pop().expect("one op");
+        Work::new(done, buf)
+    }
+
+    /// Asynchronous [`recv_from`](Communicator::recv_from).
+    pub fn recv_from_async<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        src: Option<usize>,
+        tag: u32,
+    ) -> Work<Received<T>> {
+        let op = P2pOp::recv_from(&mut buf, src, tag).raw;
+        let (done, status) = self.post_all(&[op], None).pop().expect("one op");
+        let status = status.unwrap_or_default();
+        Work::new(done, Received { buf, status })
+    }
+}

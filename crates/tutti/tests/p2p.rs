@@ -1,0 +1,330 @@
+//! Point-to-point: sends and receives progress on their own channel, so the
+//! patterns that deadlock when ops run one at a time in issue order
+//! complete: a symmetric exchange of large messages (both sides send, then
+//! receive), ring shifts, batches in any order, receives posted before a
+//! collective that the sender runs first. Messages match per (peer, tag) in
+//! order; any-source receives report the sender; a receive too small for
+//! its message fails on both sides and the communicator stays usable.
+
+mod common;
+
+use common::{Ctx, Transport};
+use tutti::{Communicator, Error, P2pOp, ReduceOp};
+
+/// 64 MiB: far more than a ring or a socket buffer holds.
+const BIG: usize = 64 << 20;
+
+/// A byte of rank `r`'s message at index `i` (distinct per rank and index).
+fn byte(r: usize, i: usize) -> u8 {
+    (i as u64)
+        .wrapping_mul(2654435761)
+        .wrapping_add(r as u64 * 97) as u8
+}
+
+fn message(r: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| byte(r, i)).collect()
+}
+
+fn check_from(got: &[u8], r: usize) {
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != byte(r, i)) {
+        panic!(
+            "byte {i} of rank {r}'s message is {}, expected {}",
+            got[i],
+            byte(r, i)
+        );
+    }
+}
+
+/// Ring shift of 64 MiB: every rank `send_async`s to the next, then
+/// `recv_async`s from the previous, then waits for both; then the same
+/// through `batch_isend_irecv` (receive listed first, as a pipeline stage
+/// might), then the reverse direction with blocking calls in a batch.
+fn ring_shift(c: &Communicator, _: &Ctx) {
+    let (n, r) = (c.size(), c.rank());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let ws = c.send_async(message(r, BIG), next);
+    let wr = c.recv_async(vec![0u8; BIG], prev);
+    let got = wr.wait().expect("recv_async");
+    check_from(&got, prev);
+    ws.wait().expect("send_async");
+
+    let out = message(r + 10, BIG);
+    let mut inp = got;
+    c.batch_isend_irecv(vec![
+        P2pOp::recv(&mut inp, prev, 7),
+        P2pOp::send(&out, next, 7),
+    ])
+    .expect("batch_isend_irecv");
+    check_from(&inp, prev + 10);
+
+    let st = c
+        .batch_isend_irecv(vec![
+            P2pOp::send(&out[..1000], prev, 1),
+            P2pOp::recv_from(&mut inp[..4096], Some(next), 1),
+        ])
+        .expect("reverse batch");
+    let s = st[1].expect("a receive's status");
+    assert_eq!((s.source, s.tag, s.bytes), (next, 1, 1000));
+    check_from(&inp[..1000], next + 10);
+    assert_eq!(c.error().map(|e| e.to_string()), None);
+}
+
+rank_test!(ring_shift_local_2, Transport::Local, 2, ring_shift);
+rank_test!(ring_shift_local_3, Transport::Local, 3, ring_shift);
+rank_test!(ring_shift_shm_2, Transport::Shm, 2, ring_shift);
+rank_test!(ring_shift_shm_3, Transport::Shm, 3, ring_shift);
+rank_test!(ring_shift_shm_4, Transport::Shm, 4, ring_shift);
+rank_test!(ring_shift_tcp_2, Transport::Tcp, 2, ring_shift);
+rank_test!(ring_shift_tcp_3, Transport::Tcp, 3, ring_shift);
+rank_test!(ring_shift_tcp_4, Transport::Tcp, 4, ring_shift);
+
+/// Tags, order, any source, empty messages, sends to oneself.
+fn matching(c: &Communicator, _: &Ctx) {
+    let (n, r) = (c.size(), c.rank());
+    // Rank 0 receives tag 2 before tag 1 although rank 1 sent tag 1 first;
+    // three messages of tag 3 arrive in the order they were sent.
+    if r == 1 {
+        let a = c.send_tagged_async(message(1, 300_000), 0, 1);
+        let b = c.send_tagged_async(message(2, 5_000), 0, 2);
+        let cs: Vec<_> = (0..3)
+            .map(|k| c.send_tagged_async(vec![k as u8; 10 + k], 0, 3))
+            .collect();
+        a.wait().expect("tag 1");
+        b.wait().expect("tag 2");
+        for w in cs {
+            w.wait().expect("tag 3");
+        }
+    } else if r == 0 {
+        let mut two = vec![0u8; 5_000];
+        c.recv_tagged(&mut two, 1, 2).expect("tag 2");
+        check_from(&two, 2);
+        let mut one = vec![0u8; 300_000];
+        c.recv_tagged(&mut one, 1, 1).expect("tag 1");
+        check_from(&one, 1);
+        for k in 0..3 {
+            let mut b = vec![9u8; 64];
+            let s = c.recv_from(&mut b, Some(1), 3).expect("tag 3");
+            assert_eq!(s.bytes, 10 + k, "tag-3 messages out of order");
+            assert!(b[..s.bytes].iter().all(|&x| x as usize == k));
+            assert!(
+                b[s.bytes..].iter().all(|&x| x == 9),
+                "written past the message"
+            );
+        }
+    }
+    c.barrier().expect("barrier");
+
+    // Any source: every other rank sends its rank to rank 0, which learns
+    // who sent each message.
+    if r == 0 {
+        let mut seen = vec![false; n];
+        for _ in 1..n {
+            let mut b = [0u32; 4];
+            let s = c.recv_from(&mut b, None, 5).expect("any source");
+            assert_eq!(s.bytes, 4 * (s.source + 1).min(4));
+            assert_eq!(b[0] as usize, s.source);
+            assert!(!seen[s.source], "rank {} twice", s.source);
+            seen[s.source] = true;
+        }
+    } else {
+        let v = vec![r as u32; (r + 1).min(4)];
+        c.send_tagged(&v, 0, 5).expect("send to 0");
+    }
+
+    // Empty messages, and a message to oneself (in a batch with its receive).
+    let next = (r + 1) % n;
+    let prev = (r + n - 1) % n;
+    c.batch_isend_irecv(vec![
+        P2pOp::send::<f32>(&[], next, 9),
+        P2pOp::recv::<f32>(&mut [], prev, 9),
+    ])
+    .expect("empty messages");
+    let mine = [r as f64; 3];
+    let mut back = [0f64; 3];
+    c.batch_isend_irecv(vec![P2pOp::recv(&mut back, r, 4), P2pOp::send(&mine, r, 4)])
+        .expect("to oneself");
+    assert_eq!(back, mine);
+    assert_eq!(c.error().map(|e| e.to_string()), None);
+}
+
+rank_test!(matching_local_3, Transport::Local, 3, matching);
+rank_test!(matching_shm_4, Transport::Shm, 4, matching);
+rank_test!(matching_tcp_3, Transport::Tcp, 3, matching);
+
+/// Sends and receives do not wait behind collectives: rank 0 posts a
+/// receive, then runs an AllReduce, then waits; rank 1 runs the AllReduce
+/// first and sends after it; meanwhile rank 1 has a large send to rank 0
+/// in flight across the AllReduce, which rank 0 receives after it.
+fn beside_collectives(c: &Communicator, _: &Ctx) {
+    let r = c.rank();
+    let mut x = vec![1.0f32; 1 << 16];
+    if r == 0 {
+        let w = c.recv_async(vec![0u8; 1 << 20], 1);
+        c.all_reduce(&mut x, ReduceOp::Sum).expect("all_reduce");
+        check_from(&w.wait().expect("recv before the collective"), 1);
+        let mut big = vec![0u8; 8 << 20];
+        c.recv_tagged(&mut big, 1, 1)
+            .expect("recv after the collective");
+        check_from(&big, 3);
+    } else if r == 1 {
+        let w = c.send_tagged_async(message(3, 8 << 20), 0, 1);
+        c.all_reduce(&mut x, ReduceOp::Sum).expect("all_reduce");
+        c.send(&message(1, 1 << 20), 0)
+            .expect("send after the collective");
+        w.wait().expect("send across the collective");
+    } else {
+        c.all_reduce(&mut x, ReduceOp::Sum).expect("all_reduce");
+    }
+    assert!(x.iter().all(|&v| v == c.size() as f32));
+}
+
+rank_test!(
+    beside_collectives_local_3,
+    Transport::Local,
+    3,
+    beside_collectives
+);
+rank_test!(
+    beside_collectives_shm_2,
+    Transport::Shm,
+    2,
+    beside_collectives
+);
+rank_test!(
+    beside_collectives_tcp_2,
+    Transport::Tcp,
+    2,
+    beside_collectives
+);
+
+/// A receive too small for its message: both sides get `SizeMismatch`
+/// naming both sizes, the peer and the tag; nothing is written; the next
+/// messages and collectives work.
+fn too_small(c: &Communicator, _: &Ctx) {
+    let r = c.rank();
+    if r == 0 {
+        let e = c.send_tagged(&message(0, 1000), 1, 3).unwrap_err();
+        match e {
+            Error::SizeMismatch {
+                rank: 0,
+                peer: 1,
+                tag: 3,
+                message: 1000,
+                buffer: 600,
+            } => {}
+            e => panic!("sender: {e}"),
+        }
+        // An exact receive of another length fails too.
+        let e = c.send(&[1u8; 10], 1).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::SizeMismatch {
+                    message: 10,
+                    buffer: 12,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        c.send(&message(0, 600), 1).expect("the next message");
+    } else if r == 1 {
+        let mut b = vec![7u8; 600];
+        let e = c.recv_from(&mut b, Some(0), 3).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(
+                e,
+                Error::SizeMismatch {
+                    rank: 1,
+                    peer: 0,
+                    tag: 3,
+                    message: 1000,
+                    buffer: 600
+                }
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("1000") && text.contains("600") && text.contains("tag 3"),
+            "{text}"
+        );
+        assert!(b.iter().all(|&x| x == 7), "the receive buffer was written");
+        let mut twelve = [0u8; 12];
+        assert!(c.recv(&mut twelve, 0).is_err());
+        c.recv(&mut b, 0).expect("the next message");
+        check_from(&b, 0);
+    }
+    let mut x = [1u64; 3];
+    c.all_reduce(&mut x, ReduceOp::Sum)
+        .expect("a collective after");
+    assert_eq!(x, [c.size() as u64; 3]);
+    assert_eq!(c.error().map(|e| e.to_string()), None);
+}
+
+rank_test!(too_small_local_2, Transport::Local, 2, too_small);
+rank_test!(too_small_shm_2, Transport::Shm, 2, too_small);
+rank_test!(too_small_tcp_2, Transport::Tcp, 2, too_small);
+
+/// Bad peers are argument errors; a receive nobody sends to times out,
+/// naming the peer and the tag, and the communicator stays usable.
+#[test]
+fn bad_input_and_deadlines() {
+    common::solo("bad_input_and_deadlines", &[("TUTTI_TIMEOUT", "1")], || {
+        common::threads(2, |c, _| {
+            let e = c.send(&[1u8], 2).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+            assert!(e.to_string().contains("peer 2"), "{e}");
+            let e = c.recv(&mut [0u8], 5).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+            let peer = 1 - c.rank();
+            let e = c.recv_tagged(&mut [0u8; 4], peer, 42).unwrap_err();
+            let text = e.to_string();
+            assert!(matches!(e, Error::Timeout { .. }), "{text}");
+            assert!(
+                text.contains(&format!("rank {peer}")) && text.contains("tag 42"),
+                "{text}"
+            );
+            c.barrier().expect("barrier");
+            let mut b = [0u8; 4];
+            let w = c.send_async(vec![c.rank() as u8; 4], peer);
+            c.recv(&mut b, peer).expect("after a timeout");
+            w.wait().expect("send after a timeout");
+            assert_eq!(b, [peer as u8; 4]);
+        });
+    });
+}
+
+/// A peer that dies while a receive from it is posted: the receive fails
+/// with `PeerLost` naming it, well before the deadline.
+fn peer_dies(c: &Communicator, ctx: &Ctx) {
+    if c.rank() == 1 {
+        ctx.wait_mark("posted");
+        std::process::exit(0);
+    }
+    let w = c.recv_async(vec![0u8; 1 << 20], 1);
+    ctx.mark("posted");
+    let t = std::time::Instant::now();
+    let e = w.wait().unwrap_err();
+    assert!(matches!(e, Error::PeerLost { peer: 1, .. }), "{e}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+rank_test!(
+    peer_dies_shm_2,
+    Transport::Shm,
+    2,
+    &[("TUTTI_TIMEOUT", "60")],
+    peer_dies
+);
+rank_test!(
+    peer_dies_tcp_2,
+    Transport::Tcp,
+    2,
+    &[("TUTTI_TIMEOUT", "60")],
+    peer_dies
+);
