@@ -157,6 +157,9 @@ pub(crate) const LAUNCHER_RANK_VARS: [&str; 4] =
 
 /// The world size a launcher announced, if this process runs under one
 /// (`TUTTI_RANK`, torchrun, Slurm or Open MPI variables).
+// The launcher decides whether to start ranks from the environment it was
+// started in, before any communicator (and its `tutti::Config`) exists.
+#[allow(clippy::disallowed_methods)]
 pub(crate) fn launcher_world() -> Option<usize> {
     let size_vars = [
         "TUTTI_WORLD_SIZE",
@@ -180,6 +183,9 @@ pub(crate) fn launcher_world() -> Option<usize> {
 /// Starts `nranks` copies of this very program with the arguments it was
 /// given plus `extra` (the hidden "I am a rank" flag of `perf` and `topo`),
 /// rank 0 writing straight to the terminal.
+// `TUTTI_BIND` is the launcher's own setting (how it places the ranks it
+// starts), not the library's: `tutti::Config` does not hold it.
+#[allow(clippy::disallowed_methods)]
 pub(crate) fn relaunch_self(nranks: usize, extra: &str) -> Result<i32, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
     let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();

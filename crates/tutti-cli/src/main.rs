@@ -106,6 +106,10 @@ fn main() -> ExitCode {
 }
 
 /// Logs go to stderr; `TUTTI_LOG` or `RUST_LOG` set the filter (default `warn`).
+// The command's own log filter, not a library setting: read before any
+// subcommand runs, and a malformed library variable (an error from
+// `tutti::Config::from_env`) must not silence the logs that report it.
+#[allow(clippy::disallowed_methods)]
 fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("TUTTI_LOG")

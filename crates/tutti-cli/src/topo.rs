@@ -73,7 +73,8 @@ pub(crate) fn main(a: TopoArgs) -> Result<i32, String> {
         return Ok(0);
     }
     let topo = comm.topology();
-    print!("{}", describe(topo, &info, &ifaces));
+    let ifname = comm.config().socket_ifname.as_deref();
+    print!("{}", describe(topo, &info, &ifaces, ifname));
     print!("{}", algorithm_table(&comm, dtype));
     if let Some(p) = &a.json {
         let f =
@@ -136,11 +137,13 @@ fn ranges(ranks: &[usize]) -> String {
     out.join(", ")
 }
 
-/// Hosts, ranks, the transport matrix and interfaces.
+/// Hosts, ranks, the transport matrix and interfaces (and the
+/// `TUTTI_SOCKET_IFNAME` choice, `ifname`, if any).
 fn describe(
     topo: &Topology,
     info: &[(u64, Vec<Option<TransportKind>>)],
     ifaces: &[String],
+    ifname: Option<&str>,
 ) -> String {
     let n = topo.nranks;
     let mut s = format!(
@@ -191,7 +194,7 @@ fn describe(
             s += &format!("  {l}\n");
         }
     }
-    if let Ok(v) = std::env::var("TUTTI_SOCKET_IFNAME") {
+    if let Some(v) = ifname {
         s += &format!("  TUTTI_SOCKET_IFNAME={v}\n");
     }
     s
@@ -217,9 +220,7 @@ fn algorithm_table(comm: &Communicator, dtype: DataType) -> String {
     let n = comm.size();
     let esz = dtype.size();
     let ov: &AlgoOverride = &comm.config().algo;
-    let forced = std::env::var("TUTTI_ALGO")
-        .ok()
-        .filter(|v| !v.trim().is_empty());
+    let forced = (!ov.is_empty()).then(|| ov.to_string());
     // (collective, [(algorithm cell, predicted time cell)] per bucket)
     let mut rows: Vec<(CollKind, Vec<(String, String)>)> = Vec::new();
     for kind in CollKind::ALL {

@@ -103,16 +103,10 @@ impl PyUniqueId {
     #[staticmethod]
     fn for_address(host: &str, port: u16) -> PyResult<Self> {
         let addr = resolve_v4(host, port)?;
-        let token = match std::env::var("TUTTI_TOKEN")
-            .ok()
-            .filter(|t| !t.trim().is_empty())
+        let token = match tutti::config::launch::token_from_env()
+            .map_err(|_| PyValueError::new_err("TUTTI_TOKEN must be 32 hex digits"))?
         {
-            Some(t) => {
-                let id: UniqueId = format!("tutti1:0.0.0.0:0:{}", t.trim())
-                    .parse()
-                    .map_err(|_| PyValueError::new_err("TUTTI_TOKEN must be 32 hex digits"))?;
-                id.token
-            }
+            Some(t) => t,
             // The same derivation as the core's for TUTTI_MASTER_ADDR/PORT.
             None => {
                 let mut t = [0u8; 16];

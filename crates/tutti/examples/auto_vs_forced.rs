@@ -49,6 +49,8 @@
 //! round's time per call of Auto and each forced algorithm, in the table's
 //! column order, to stderr as `DUMP size column times...`, which shows
 //! when within a run an algorithm's time changed).
+// Reads the environment: the example's own knobs (AVF_*).
+#![allow(clippy::disallowed_methods)]
 
 use std::time::Instant;
 use tutti::algo::Problem;

@@ -1,6 +1,8 @@
 //! A quick AllReduce sweep for profiling the data path: run under
 //! `tutti run -n 2`. Prints size, time per op (max over ranks) and busbw.
 //! `tutti perf` is the full tool; this one is small enough to profile.
+// Reads the environment: the example's own knobs (SWEEP_MIN, SWEEP_MAX).
+#![allow(clippy::disallowed_methods)]
 
 use std::time::Instant;
 use tutti::{Communicator, ReduceOp};

@@ -8,6 +8,8 @@
 //! `TUTTI_ALGO=all_reduce:two_shot TUTTI_SHM_DIRECT_BYTES=256K
 //! THREADS=4 cargo run --release -p tutti --example threads_allreduce`
 //! (`THREADS`, default 2).
+// Reads the environment: the example's own knob (THREADS).
+#![allow(clippy::disallowed_methods)]
 
 use std::time::Instant;
 use tutti::{Communicator, ReduceOp};

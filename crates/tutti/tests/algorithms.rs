@@ -14,6 +14,8 @@
 //! Each runs a reduced matrix: f32 with every reduction, i64 (sum, prod),
 //! f16 (sum, max) and u8 (min, avg), counts {0, 1, 7, 1009, 100_003}, every
 //! collective, every root and shift, and one large (1_000_003 f32) sum.
+// Reads the environment: a child checks the TUTTI_ALGO its parent set.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -8,6 +8,9 @@
 //! * Mismatched collectives, a deadline that runs out, a peer that dies: in
 //!   child processes under the harness's hard timeout, so a hang fails the
 //!   test instead of stalling the suite.
+// Reads the environment: a test's child process reads its role and rank from
+// the environment its parent set.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

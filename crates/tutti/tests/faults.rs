@@ -16,6 +16,9 @@
 //! transport (default 50). The multi-process tests of this file run one at a
 //! time (a lock), because detection times are asserted and the machine may
 //! have only two cores.
+// Reads the environment: the harness's own knobs, and the roles it gives its
+// child processes.
+#![allow(clippy::disallowed_methods)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -12,6 +12,9 @@
 //!   the test process itself.
 //!
 //! See `docs/faults.md`.
+// Reads the environment: the harness's own knobs, and the roles it gives its
+// child processes.
+#![allow(clippy::disallowed_methods)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

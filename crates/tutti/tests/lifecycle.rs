@@ -3,6 +3,8 @@
 //! Each loop runs in processes of its own (so the counts of /proc/self/fd
 //! and /proc/self/task are not disturbed by other tests), after two warm-up
 //! rounds (lazily initialised process-wide state is not a leak).
+// Reads the environment: a child reads the job its parent set up.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -13,6 +13,9 @@
 //! The tests need root and `ip netns`. Without them they print `SKIP` and
 //! pass, unless `TUTTI_MULTIHOST_REQUIRED=1` is set (CI sets it), which
 //! turns the skip into a failure. See `docs/multihost.md`.
+// Reads the environment: the harness's own knobs, and the roles it gives its
+// child processes.
+#![allow(clippy::disallowed_methods)]
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -542,10 +542,8 @@ fn header(comm: &Communicator, a: &PerfArgs, plan: &Plan, info: &[RankInfo]) -> 
     };
     let algo = match plan.algo {
         Some(x) => format!("{x} (forced with -a)"),
-        None => match std::env::var("TUTTI_ALGO") {
-            Ok(v) if !v.trim().is_empty() => format!("auto, TUTTI_ALGO={v}"),
-            _ => "auto (tuner)".into(),
-        },
+        None if comm.config().algo.is_empty() => "auto (tuner)".into(),
+        None => format!("auto, TUTTI_ALGO={}", comm.config().algo),
     };
     let count = |c: Count, what: &str| match c {
         Count::Exact(k) => format!("{what} {k}"),
@@ -794,7 +792,9 @@ fn write_outputs(
             "dtype": plan.dtype.to_string(),
             "op": plan.op.to_string(),
             "algo": plan.algo.map_or("auto".into(), |x| x.to_string()),
-            "tutti_algo": std::env::var("TUTTI_ALGO").ok(),
+            "tutti_algo": Some(&comm.config().algo)
+                .filter(|o| !o.is_empty())
+                .map(|o| o.to_string()),
             "transports_rank0": topo.transports,
             "check": plan.check,
         });

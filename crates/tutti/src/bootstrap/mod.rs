@@ -14,6 +14,7 @@
 pub mod rank_table;
 pub mod store;
 
+pub use crate::config::launch::EnvInfo;
 use crate::config::{Config, TcpCongestion, TransportChoice};
 use crate::error::{Error, Result};
 use crate::topo::{self, Topology};
@@ -71,13 +72,13 @@ impl UniqueId {
     /// loopback) and a random port, and makes a fresh token. The process that
     /// calls this must also be the one that runs rank 0.
     pub fn new() -> Result<UniqueId> {
-        let ip = match std::env::var("TUTTI_SOCKET_IFNAME") {
-            Ok(spec) if !spec.is_empty() => crate::topo::iface::pick(&spec)?.ok_or_else(|| {
+        let ip = match crate::config::socket_ifname_from_env() {
+            Some(spec) => crate::topo::iface::pick(&spec)?.ok_or_else(|| {
                 Error::Config(format!(
                     "TUTTI_SOCKET_IFNAME={spec:?} matches no interface with an IPv4 address"
                 ))
             })?,
-            _ => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            None => IpAddr::V4(Ipv4Addr::LOCALHOST),
         };
         let l =
             TcpListener::bind((ip, 0)).map_err(|e| Error::io("binding the root listener", e))?;
@@ -123,125 +124,7 @@ impl FromStr for UniqueId {
     }
 }
 
-/// Rank, world size and master, as read from a launcher's environment.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EnvInfo {
-    /// This process's rank.
-    pub rank: usize,
-    /// Number of ranks.
-    pub world_size: usize,
-    /// Rank on this host, if the launcher says.
-    pub local_rank: Option<usize>,
-    /// The master's host name or address.
-    pub master_addr: String,
-    /// The master's port.
-    pub master_port: u16,
-    /// The auth token (`TUTTI_TOKEN`, 32 hex digits), if set.
-    pub token: Option<[u8; 16]>,
-    /// Which launcher's variables were used.
-    pub source: &'static str,
-}
-
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
-fn num<T: FromStr>(name: &str) -> Result<Option<T>> {
-    match env(name) {
-        None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| Error::Config(format!("{name}={v:?} is not a valid number"))),
-    }
-}
-
 impl EnvInfo {
-    /// Reads, in this order: `TUTTI_RANK/TUTTI_WORLD_SIZE/TUTTI_MASTER_ADDR/
-    /// TUTTI_MASTER_PORT`, torchrun's `RANK/WORLD_SIZE/LOCAL_RANK/
-    /// MASTER_ADDR/MASTER_PORT`, Slurm's `SLURM_PROCID/SLURM_NTASKS/
-    /// SLURM_LOCALID` and Open MPI's `OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK`.
-    /// Slurm and Open MPI do not name a master: `TUTTI_MASTER_ADDR` or
-    /// `MASTER_ADDR` (and the port) must then be set as well.
-    pub fn from_env() -> Result<EnvInfo> {
-        if let Some(path) = env("TUTTI_RANK_TABLE") {
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| Error::Config(format!("TUTTI_RANK_TABLE={path:?}: {e}")))?;
-            let table = rank_table::RankTable::parse(&text)?;
-            let rank = ["TUTTI_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"]
-                .iter()
-                .find_map(|v| num::<usize>(v).transpose())
-                .transpose()?
-                .ok_or_else(|| {
-                    Error::Config("TUTTI_RANK_TABLE is set but no rank is: set TUTTI_RANK".into())
-                })?;
-            return table.env_info(rank);
-        }
-        let sources: [(&str, &str, &str, &str); 4] = [
-            (
-                "tutti",
-                "TUTTI_RANK",
-                "TUTTI_WORLD_SIZE",
-                "TUTTI_LOCAL_RANK",
-            ),
-            ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
-            ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
-            (
-                "openmpi",
-                "OMPI_COMM_WORLD_RANK",
-                "OMPI_COMM_WORLD_SIZE",
-                "OMPI_COMM_WORLD_LOCAL_RANK",
-            ),
-        ];
-        for (source, rk, sz, lr) in sources {
-            let (Some(rank), Some(world_size)) = (num::<usize>(rk)?, num::<usize>(sz)?) else {
-                continue;
-            };
-            if world_size == 0 {
-                return Err(Error::Config(format!(
-                    "{sz}=0: the world needs at least one rank"
-                )));
-            }
-            if rank >= world_size {
-                return Err(Error::Config(format!(
-                    "{rk}={rank} but {sz}={world_size}: the rank must be below the world size"
-                )));
-            }
-            let master_addr = env("TUTTI_MASTER_ADDR").or_else(|| env("MASTER_ADDR"));
-            let master_port = match num::<u16>("TUTTI_MASTER_PORT")? {
-                Some(p) => Some(p),
-                None => num::<u16>("MASTER_PORT")?,
-            };
-            let (Some(master_addr), Some(master_port)) = (master_addr, master_port) else {
-                return Err(Error::Config(format!(
-                    "found {rk}/{sz} ({source}) but no master: set TUTTI_MASTER_ADDR and TUTTI_MASTER_PORT (or MASTER_ADDR and MASTER_PORT) to rank 0's host and a free port"
-                )));
-            };
-            let token = match env("TUTTI_TOKEN") {
-                None => None,
-                Some(t) => {
-                    let id: UniqueId = format!("tutti1:0.0.0.0:0:{}", t.trim())
-                        .parse()
-                        .map_err(|_| Error::Config("TUTTI_TOKEN must be 32 hex digits".into()))?;
-                    Some(id.token)
-                }
-            };
-            return Ok(EnvInfo {
-                rank,
-                world_size,
-                local_rank: num::<usize>(lr)?,
-                master_addr,
-                master_port,
-                token,
-                source,
-            });
-        }
-        Err(Error::Config(
-            "no rank/world size in the environment: run under `tutti run`, torchrun, Slurm or mpirun, or set TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_MASTER_ADDR and TUTTI_MASTER_PORT".into(),
-        ))
-    }
-
     /// The master's socket address, and the token (derived from the master's
     /// address when `TUTTI_TOKEN` is not set, which only guards against
     /// accidents, not attackers).

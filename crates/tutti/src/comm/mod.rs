@@ -12,7 +12,7 @@ pub(crate) use shrink::drain as drain_listener;
 pub use work::Work;
 
 use crate::algo::Algorithm;
-use crate::bootstrap::{self, store::StoreClient, store::StoreServer, EnvInfo, UniqueId};
+use crate::bootstrap::{self, store::StoreClient, store::StoreServer, UniqueId};
 use crate::config::Config;
 use crate::engine::{Core, Engine};
 use crate::error::{Error, Result};
@@ -373,17 +373,13 @@ impl Communicator {
 
     /// Joins the job described by the environment: `TUTTI_*` (as set by
     /// `tutti run`), torchrun, Slurm or Open MPI variables, in that order
-    /// (see [`EnvInfo::from_env`]).
+    /// (see [`EnvInfo::from_env`](crate::EnvInfo::from_env)).
     pub fn from_env() -> Result<Communicator> {
-        let e = EnvInfo::from_env()?;
+        let (e, table) = crate::config::launch::read()?;
         let id = e.unique_id()?;
         let mut config = Config::from_env()?;
-        if e.source == "rank table" && config.host_id.is_none() {
+        if let Some(t) = table.filter(|_| config.host_id.is_none()) {
             // The table decides which ranks share a host.
-            let path = std::env::var("TUTTI_RANK_TABLE").unwrap_or_default();
-            let text = std::fs::read_to_string(&path)
-                .map_err(|err| Error::Config(format!("{path}: {err}")))?;
-            let t = crate::bootstrap::rank_table::RankTable::parse(&text)?;
             config.host_id = t.host_of(e.rank).map(|h| h.name.clone());
         }
         Self::init_rank_with(&id, e.world_size, e.rank, config)

@@ -295,7 +295,8 @@ impl Core {
         ) {
             tracing::error!(rank = self.rank, "{e}");
             self.poison(&e);
-            self.recorder.dump(self.rank, self.nranks);
+            self.recorder
+                .dump(self.rank, self.nranks, self.config.trace_dir.as_deref());
         }
         e
     }

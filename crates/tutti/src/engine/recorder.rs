@@ -182,8 +182,9 @@ impl Recorder {
         (self.started - n..self.started).filter_map(|i| self.ring[i % CAPACITY].as_ref())
     }
 
-    /// Logs the record and writes it to `TUTTI_TRACE_DIR`, if set.
-    pub(crate) fn dump(&self, rank: usize, size: usize) {
+    /// Logs the record and writes it to `dir`
+    /// ([`Config::trace_dir`](crate::Config::trace_dir), `TUTTI_TRACE_DIR`), if any.
+    pub(crate) fn dump(&self, rank: usize, size: usize, dir: Option<&Path>) {
         let t = Trace {
             rank,
             size,
@@ -203,9 +204,9 @@ impl Recorder {
                 r.state
             );
         }
-        if let Some(dir) = std::env::var_os("TUTTI_TRACE_DIR") {
-            let path = Path::new(&dir).join(format!("tutti-trace-rank{rank}.json"));
-            let _ = std::fs::create_dir_all(&dir);
+        if let Some(dir) = dir {
+            let path = dir.join(format!("tutti-trace-rank{rank}.json"));
+            let _ = std::fs::create_dir_all(dir);
             match serde_json::to_vec_pretty(&t) {
                 Ok(b) => {
                     // Write aside, then rename: a rank killed mid-write

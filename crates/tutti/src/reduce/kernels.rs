@@ -262,7 +262,7 @@ fn table() -> &'static [Kernel; 40] {
             if std::is_x86_feature_detected!("avx2")
                 && std::is_x86_feature_detected!("fma")
                 && std::is_x86_feature_detected!("f16c")
-                && std::env::var_os("TUTTI_NO_AVX2").is_none()
+                && !crate::config::no_avx2_from_env()
             {
                 return &avx2::TABLE;
             }

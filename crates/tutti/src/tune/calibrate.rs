@@ -6,30 +6,31 @@
 //! (shared memory, if they share a host) and rank 0 and the first rank of
 //! another host (TCP) ping-pong 8-byte messages and stream 1 MiB messages,
 //! and rank 0 caches the result in `~/.cache/tutti/` (or
-//! `$XDG_CACHE_HOME/tutti/`) for an hour. Where every rank has a core, a
-//! new measurement is merged with the cached one if that is under a day
-//! old, the faster value of each ([`merge_best`]). `TUTTI_CALIBRATE=0`
-//! skips all of it and keeps the defaults; `TUTTI_CALIBRATE=force`
-//! measures even with a cache, and replaces it.
+//! `$XDG_CACHE_HOME/tutti/`: [`Config::cost_model_cache`]) for an hour.
+//! Where every rank has a core, a new measurement is merged with the
+//! cached one if that is under a day old, the faster value of each
+//! ([`merge_best`]). `TUTTI_CALIBRATE=0`
+//! ([`Calibrate::Off`]) skips all of it and keeps the defaults;
+//! `TUTTI_CALIBRATE=force` ([`Calibrate::Force`]) measures even with a
+//! cache, and replaces it.
 
 use super::{CostModel, LinkClass, LinkCost};
 use crate::algo::Algorithm;
 use crate::comm::Options;
+use crate::config::{Calibrate, Config};
 use crate::error::Result;
 use crate::transport::mailbox::MBOX_BYTES;
 use crate::{Collective, Communicator, ReduceOp};
 use std::path::PathBuf;
 use std::time::Instant;
 
-fn cache_path(key: &str) -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+/// The cache file of host layout `key` in `dir`.
+fn cache_path(dir: &std::path::Path, key: &str) -> PathBuf {
     let mut h: u64 = 0xcbf29ce484222325;
     for b in key.bytes() {
         h = (h ^ b as u64).wrapping_mul(0x100000001b3);
     }
-    Some(base.join("tutti").join(format!("costmodel-{h:016x}.json")))
+    dir.join(format!("costmodel-{h:016x}.json"))
 }
 
 /// Seconds since `p` was written, where it can be told.
@@ -77,14 +78,18 @@ pub fn merge_best(a: &CostModel, b: &CostModel) -> CostModel {
 
 /// The cost model for `comm`: cached, measured, or the defaults.
 pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel> {
-    let mode = std::env::var("TUTTI_CALIBRATE").unwrap_or_default();
-    if mode == "0" || comm.size() < 2 {
+    let config: &Config = comm.config();
+    let mode = config.calibrate;
+    if mode == Calibrate::Off || comm.size() < 2 {
         return Ok(CostModel::default());
     }
-    let path = cache_path(ctx_key);
+    let path = config
+        .cost_model_cache
+        .as_deref()
+        .map(|dir| cache_path(dir, ctx_key));
     // Rank 0 decides: 1 = here is a cached model, 0 = measure.
     let mut blob = vec![0u8; 1024];
-    if comm.rank() == 0 && mode != "force" {
+    if comm.rank() == 0 && mode != Calibrate::Force {
         // A cached measurement older than an hour is taken again: a machine
         // that was busy when it was measured should not steer choices for long.
         if let Some(b) = path
@@ -147,7 +152,7 @@ pub(crate) fn calibrate(comm: &Communicator, ctx_key: &str) -> Result<CostModel>
                 reduce_gbps.clamp(d.mailbox_reduce_gbps / 10.0, d.mailbox_reduce_gbps * 10.0);
         }
     }
-    if comm.rank() == 0 && mode != "force" && topo.cpu_share() >= 1.0 {
+    if comm.rank() == 0 && mode != Calibrate::Force && topo.cpu_share() >= 1.0 {
         // Where every rank has a core, the best of this and the last
         // measurement (`merge_best`): one taken in a slow spell would
         // otherwise steer the next hour's choices.

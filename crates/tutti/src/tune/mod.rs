@@ -59,6 +59,25 @@ impl AlgoOverride {
     pub fn get(&self, kind: CollKind) -> Option<Algorithm> {
         self.per_coll.get(&kind).copied().or(self.global)
     }
+
+    /// Whether nothing is forced (`TUTTI_ALGO` unset, empty or `auto`).
+    pub fn is_empty(&self) -> bool {
+        self.global.is_none() && self.per_coll.is_empty()
+    }
+}
+
+/// In `TUTTI_ALGO` syntax, names spelled as they parse (the global
+/// algorithm first, then `coll:algo` pairs); `auto` where nothing is forced.
+/// Parsing the text gives the same value back.
+impl std::fmt::Display for AlgoOverride {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_empty() {
+            return f.write_str("auto");
+        }
+        let global = self.global.iter().map(|a| a.to_string());
+        let per = self.per_coll.iter().map(|(c, a)| format!("{c}:{a}"));
+        f.write_str(&global.chain(per).collect::<Vec<_>>().join(","))
+    }
 }
 
 /// Splits `s` at the commas outside parentheses.
@@ -676,6 +695,24 @@ mod tests {
             .to_string();
         assert!(e.contains("valid: ring"), "{e}");
         assert!(AlgoOverride::parse("allreduc:ring").is_err());
+    }
+
+    #[test]
+    fn override_prints_as_it_parses() {
+        for (text, shown) in [
+            ("", "auto"),
+            ("auto", "auto"),
+            ("hd", "halving_doubling"),
+            (
+                "allreduce:tree,ring,all_gather:hierarchical(inter=hd)",
+                "ring,all_reduce:tree,all_gather:hierarchical(inter=halving_doubling)",
+            ),
+        ] {
+            let o = AlgoOverride::parse(text).unwrap();
+            assert_eq!(o.to_string(), shown);
+            assert_eq!(AlgoOverride::parse(shown).unwrap(), o);
+            assert_eq!(o.is_empty(), shown == "auto");
+        }
     }
 
     #[test]

@@ -17,6 +17,9 @@
 //! out-of-band signals (barrier markers, "go" files) that do not go through
 //! the communicator under test.
 #![allow(dead_code)]
+// Reads the environment: the harness passes roles and paths to its child
+// processes, and cleans the environment they inherit.
+#![allow(clippy::disallowed_methods)]
 
 pub mod cases;
 pub mod data;

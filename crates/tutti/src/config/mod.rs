@@ -1,7 +1,17 @@
-//! Every `TUTTI_*` setting, read in one place into a typed [`Config`].
+//! Every `TUTTI_*` setting, read in one place into a typed [`Config`];
+//! the launcher's variables (rank, world size, master) in [`launch`].
+//!
+//! This module is the only reader of the environment in the library
+//! (`clippy.toml` disallows `std::env::var` and its kin elsewhere): the
+//! rest takes what it needs from a [`Config`] or an
+//! [`EnvInfo`](launch::EnvInfo).
+
+pub mod launch;
 
 use crate::error::{Error, Result};
 use crate::tune::AlgoOverride;
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The TCP congestion control tutti's sockets use (`TUTTI_TCP_CONGESTION`).
@@ -28,8 +38,22 @@ pub enum TransportChoice {
     Tcp,
 }
 
+/// Whether the cost model is measured when a communicator is created
+/// (`TUTTI_CALIBRATE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Calibrate {
+    /// Reuse a cached measurement of this host layout younger than an
+    /// hour, else measure and cache (any value but `0` and `force`).
+    Auto,
+    /// Keep the cost model's built-in parameters (`TUTTI_CALIBRATE=0`).
+    Off,
+    /// Measure at every set-up and replace the cache (`TUTTI_CALIBRATE=force`).
+    Force,
+}
+
 /// tutti's settings. [`Config::from_env`] reads them from `TUTTI_*`
-/// variables; [`Config::default`] gives the defaults.
+/// variables (and the cache directory from `XDG_CACHE_HOME` / `HOME`);
+/// [`Config::default`] gives the defaults and reads nothing.
 ///
 /// | variable | field | default |
 /// |---|---|---|
@@ -50,6 +74,10 @@ pub enum TransportChoice {
 /// | `TUTTI_TCP_CHUNK` | [`tcp_chunk`](Config::tcp_chunk) | 256 KiB |
 /// | `TUTTI_TCP_IO_THREAD` (`auto`, `0`, `1`) | [`tcp_io_thread`](Config::tcp_io_thread) | auto |
 /// | `TUTTI_TCP_CONGESTION` (`auto`, `system`, a name) | [`tcp_congestion`](Config::tcp_congestion) | auto (cubic) |
+/// | `TUTTI_SHM_STREAM` (`auto`, `0`, `1`) | [`shm_stream`](Config::shm_stream) | auto |
+/// | `TUTTI_CALIBRATE` (`0`, `force`, other) | [`calibrate`](Config::calibrate) | auto |
+/// | `XDG_CACHE_HOME`, else `HOME` + `/.cache` | [`cost_model_cache`](Config::cost_model_cache) | none (`from_env`: that + `/tutti`) |
+/// | `TUTTI_TRACE_DIR` | [`trace_dir`](Config::trace_dir) | none |
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Deadline of each operation.
@@ -110,6 +138,15 @@ pub struct Config {
     pub tcp_io_thread: Option<bool>,
     /// Congestion control of every TCP socket.
     pub tcp_congestion: TcpCongestion,
+    /// Whether rank 0 measures the cost model's link parameters at set-up
+    /// (docs/configuration.md, `TUTTI_CALIBRATE`).
+    pub calibrate: Calibrate,
+    /// Where rank 0 caches measured cost models (`$XDG_CACHE_HOME/tutti`,
+    /// else `~/.cache/tutti`); `None`: measure without a cache.
+    pub cost_model_cache: Option<PathBuf>,
+    /// Where each rank writes its flight recorder when an op fails
+    /// (`tutti-trace-rank<R>.json`); `None`: only logged.
+    pub trace_dir: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -134,12 +171,39 @@ impl Default for Config {
             tcp_chunk: crate::transport::tcp::DEFAULT_CHUNK,
             tcp_io_thread: None,
             tcp_congestion: TcpCongestion::Auto,
+            calibrate: Calibrate::Auto,
+            cost_model_cache: None,
+            trace_dir: None,
         }
     }
 }
 
+/// The variable `name`; unset, empty, blank or not Unicode: `None`.
+#[allow(clippy::disallowed_methods)] // the reader the rest of the crate goes through
 fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// The variable `name` as the OS holds it, set even where empty (paths).
+#[allow(clippy::disallowed_methods)] // the reader the rest of the crate goes through
+fn var_os(name: &str) -> Option<OsString> {
+    std::env::var_os(name)
+}
+
+/// `TUTTI_SOCKET_IFNAME` alone, for
+/// [`UniqueId::new`](crate::UniqueId::new): it binds the root's listener
+/// before any communicator (and its [`Config`]) exists, and must not fail
+/// on a malformed value of some other variable.
+pub(crate) fn socket_ifname_from_env() -> Option<String> {
+    var("TUTTI_SOCKET_IFNAME")
+}
+
+/// Whether `TUTTI_NO_AVX2` is set (to anything): the reduction kernels
+/// then use the baseline code. Not a [`Config`] field: the kernels'
+/// dispatch is one per process, chosen at its first reduction, with or
+/// without a communicator.
+pub(crate) fn no_avx2_from_env() -> bool {
+    var_os("TUTTI_NO_AVX2").is_some()
 }
 
 /// `now + timeout`, or a moment decades away where that overflows (a
@@ -293,7 +357,7 @@ impl Config {
                 }
             };
         }
-        c.socket_ifname = var("TUTTI_SOCKET_IFNAME");
+        c.socket_ifname = socket_ifname_from_env();
         c.host_id = var("TUTTI_HOST_ID");
         c.topo_file = var("TUTTI_TOPO_FILE");
         if let Some(v) = var("TUTTI_DETERMINISTIC") {
@@ -323,6 +387,17 @@ impl Config {
                 })?)
             };
         }
+        // Any value but these two means the default, as it always has.
+        c.calibrate = match var("TUTTI_CALIBRATE").as_deref() {
+            Some("0") => Calibrate::Off,
+            Some("force") => Calibrate::Force,
+            _ => Calibrate::Auto,
+        };
+        c.cost_model_cache = var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|base| base.join("tutti"));
+        c.trace_dir = var_os("TUTTI_TRACE_DIR").map(PathBuf::from);
         Ok(c)
     }
 
