@@ -277,8 +277,10 @@ impl Communicator {
     /// else until this returns.
     pub unsafe fn run_raw(&self, c: &RawCall, opts: &Options) -> Result<()> {
         if let Some(p) = p2p_of(c) {
+            let p = p?;
+            self.not_self(if p.send { "send" } else { "recv" }, p.peer)?;
             // SAFETY: the caller's promise covers the buffer for this call.
-            let (w, _) = unsafe { self.post_p2p_raw(&[p?], opts.timeout) }
+            let (w, _) = unsafe { self.post_p2p_raw(&[p], opts.timeout) }
                 .pop()
                 .expect("one op");
             return w.wait();

@@ -173,6 +173,19 @@ impl Communicator {
         })
     }
 
+    /// A blocking call with this rank itself as its peer could never
+    /// complete (nothing else would post its match): an argument error.
+    pub(super) fn not_self(&self, what: &str, peer: Option<usize>) -> Result<()> {
+        match peer {
+            Some(p) if p == self.rank() => Err(Error::arg(format!(
+                "{what}: peer {p} is this rank itself, and a blocking {what} to or from \
+                 oneself never completes; post it together with its match through \
+                 batch_isend_irecv (or the _async calls)"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Posts `ops` at once; each gets its completion and status.
     fn post_all(
         &self,
@@ -285,6 +298,7 @@ impl Communicator {
 
     /// [`send`](Communicator::send) with a tag.
     pub fn send_tagged<T: Element>(&self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
+        self.not_self("send", Some(peer))?;
         self.batch_isend_irecv(vec![P2pOp::send(buf, peer, tag)])
             .map(|_| ())
     }
@@ -296,6 +310,7 @@ impl Communicator {
 
     /// [`recv`](Communicator::recv) with a tag.
     pub fn recv_tagged<T: Element>(&self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
+        self.not_self("recv", Some(peer))?;
         self.batch_isend_irecv(vec![P2pOp::recv(buf, peer, tag)])
             .map(|_| ())
     }
@@ -310,6 +325,7 @@ impl Communicator {
         src: Option<usize>,
         tag: u32,
     ) -> Result<RecvStatus> {
+        self.not_self("recv", src)?;
         let s = self.batch_isend_irecv(vec![P2pOp::recv_from(buf, src, tag)])?;
         Ok(s[0].expect("a receive has a status"))
     }
