@@ -28,10 +28,11 @@ from ._errors import (
     IoError,
     MismatchError,
     PeerLostError,
+    SizeMismatchError,
     TimeoutError,
     TuttiError,
 )
-from ._comm import Communicator, ReduceOp, UniqueId, Work
+from ._comm import Communicator, P2POp, ReduceOp, UniqueId, Work
 from ._group import *  # noqa: F401,F403  (init_process_group, rank, all_reduce, ...)
 from ._group import __all__ as _group_all
 from . import _native
@@ -41,12 +42,14 @@ __version__ = _native.__version__
 __all__ = [
     "Communicator",
     "Work",
+    "P2POp",
     "ReduceOp",
     "UniqueId",
     "TuttiError",
     "TimeoutError",
     "PeerLostError",
     "MismatchError",
+    "SizeMismatchError",
     "AbortedError",
     "InvalidArgumentError",
     "ConfigError",

@@ -12,8 +12,9 @@ import numpy as np
 
 from . import _codes as C
 from . import _native, _net
+from ._errors import InvalidArgumentError
 
-__all__ = ["Communicator", "Work", "ReduceOp", "UniqueId"]
+__all__ = ["Communicator", "Work", "ReduceOp", "UniqueId", "P2POp"]
 
 UniqueId = _native.UniqueId
 
@@ -84,11 +85,13 @@ def _destroy_all() -> None:
 
 
 class Work:
-    """The handle of an asynchronous op (``async_op=True``).
+    """The handle of an asynchronous op (``async_op=True``, :meth:`Communicator.isend`,
+    :meth:`Communicator.irecv`, :meth:`Communicator.batch_isend_irecv`).
 
-    Ops on one communicator complete in the order they were issued. The arrays the op
-    reads and writes are kept alive until it completes, even if this handle is dropped;
-    do not touch them before :meth:`wait` returns.
+    Collectives on one communicator complete in the order they were issued; sends and
+    receives complete when they match, whatever the order. The arrays the op reads and
+    writes are kept alive until it completes, even if this handle is dropped; do not
+    touch them before :meth:`wait` returns.
     """
 
     __slots__ = ("_w", "_result")
@@ -119,8 +122,67 @@ class Work:
         """The op's error once it failed, else None."""
         return self._w.exception()
 
+    @property
+    def source(self) -> Optional[int]:
+        """For a receive that completed successfully, the rank that sent the message (what
+        a receive from any source needs); None for other ops, and before completion."""
+        st = self._w.status()
+        return None if st is None else st[0]
+
+    @property
+    def status(self) -> Optional[tuple]:
+        """For a receive that completed successfully, ``(source, tag, nbytes)``; else None."""
+        return self._w.status()
+
     def __repr__(self) -> str:
         return f"<tutti.Work {'done' if self.is_completed() else 'pending'}>"
+
+
+_SEND_NAMES = ("send", "isend")
+_RECV_NAMES = ("recv", "irecv")
+_MAX_TAG = (1 << 32) - 1
+
+
+def _is_send(op: Any) -> bool:
+    """Whether a P2POp's ``op`` (a string, or a send/receive function or method) sends."""
+    name = op if isinstance(op, str) else getattr(op, "__name__", None)
+    if name in _SEND_NAMES:
+        return True
+    if name in _RECV_NAMES:
+        return False
+    raise ValueError(f"P2POp: op must be isend or irecv (the functions, the Communicator methods, or the strings "
+                     f"'isend'/'irecv'), not {op!r}")
+
+
+def _tag(tag: Any) -> int:
+    t = int(tag)
+    if not 0 <= t <= _MAX_TAG:
+        raise ValueError(f"tag={tag} is out of range: tags are integers in 0..2**32-1")
+    return t
+
+
+class P2POp:
+    """One send or receive of :meth:`Communicator.batch_isend_irecv` (like
+    ``torch.distributed.P2POp``).
+
+    ``op`` is :func:`tutti.isend` or :func:`tutti.irecv` (or the :class:`Communicator`
+    methods of those names, or the strings ``"isend"``/``"irecv"``); ``array`` the array
+    to send, or to receive into; ``peer`` the destination or source rank (for a receive,
+    None: any source); ``tag`` matches a send with a receive; ``group`` the communicator
+    (default: the one whose ``batch_isend_irecv`` runs the batch, or the default one)."""
+
+    __slots__ = ("op", "array", "peer", "tag", "group", "_send")
+
+    def __init__(self, op: Any, array: np.ndarray, peer: Optional[int] = None, tag: int = 0,
+                 group: Optional["Communicator"] = None):
+        self._send = _is_send(op)
+        if self._send and peer is None:
+            raise ValueError("P2POp: a send needs a destination rank (peer)")
+        self.op, self.array, self.peer, self.tag, self.group = op, array, peer, _tag(tag), group
+
+    def __repr__(self) -> str:
+        kind = "isend" if self._send else "irecv"
+        return f"<tutti.P2POp {kind} peer={self.peer} tag={self.tag}>"
 
 
 def _buf(a: Any, writable: bool, what: str) -> tuple:
@@ -446,31 +508,106 @@ class Communicator:
         return self._run(C.SCATTER, src, code, C.OP_SUM, rl // item, sp, sl, rp, rl, (array, out), out,
                          async_op, timeout)
 
-    def send(self, array: np.ndarray, dst: int, *, async_op: bool = False, timeout: Optional[float] = None) -> Any:
-        """Sends ``array`` to rank ``dst``, which receives it with :meth:`recv` (same size
-        and dtype). Point-to-point ops run in issue order with the collectives; a pair
-        of ranks must issue matching sends and receives in the same order."""
-        dst = self._check_rank(dst, "dst")
-        p, n, code, item = _buf(array, False, "array")
-        code, item = _moved(code, n, item)
-        return self._run(C.SEND, dst, code, C.OP_SUM, n // item, p, n, 0, 0, array, None, async_op, timeout)
+    # ---- point to point ----------------------------------------------------------------
 
-    def recv(self, array: np.ndarray, src: int, *, async_op: bool = False, timeout: Optional[float] = None) -> Any:
-        """Receives into ``array`` what rank ``src`` sent with :meth:`send`. Returns
-        ``array`` (or a :class:`Work`)."""
-        src = self._check_rank(src, "src")
-        p, n, code, item = _buf(array, True, "array")
-        code, item = _moved(code, n, item)
-        return self._run(C.RECV, src, code, C.OP_SUM, n // item, 0, 0, p, n, array, array, async_op, timeout)
+    def _p2p_op(self, send: bool, array: np.ndarray, peer: Optional[int], tag: int, what: str) -> tuple:
+        """The native op tuple (is_send, peer or -1, address, bytes, tag, exact)."""
+        if peer is None:
+            if send:
+                raise ValueError(f"{what}: a send needs a destination rank")
+            p = -1
+        else:
+            p = self._check_rank(peer, "dst" if send else "src")
+        addr, nbytes, _, _ = _buf(array, not send, "array")
+        return (send, p, addr, nbytes, _tag(tag), True)
 
-    def isend(self, array: np.ndarray, dst: int) -> Work:
-        """``send(array, dst, async_op=True)``."""
-        return self.send(array, dst, async_op=True)
+    def send(self, array: np.ndarray, dst: int, *, tag: int = 0, async_op: bool = False,
+             timeout: Optional[float] = None) -> Any:
+        """Sends ``array`` to rank ``dst`` with ``tag``. Rank ``dst`` receives it with
+        :meth:`recv` (or :meth:`irecv`, :meth:`batch_isend_irecv`) into an array of the
+        same size in bytes, from this rank (or any source) and with the same tag.
 
-    def irecv(self, array: np.ndarray, src: int) -> Work:
-        """``recv(array, src, async_op=True)``."""
-        return self.recv(array, src, async_op=True)
+        Sends and receives match per (peer, tag) in the order they were issued, like MPI;
+        messages of different tags or from different ranks do not wait for each other, nor
+        for the collectives. Blocking: returns None once the message is delivered (a
+        blocking send to this rank itself is an error: nothing could receive it). A
+        receive of another size makes both sides raise :class:`tutti.SizeMismatchError`;
+        the communicator stays usable."""
+        op = self._p2p_op(True, array, dst, tag, "send")
+        if async_op:
+            return Work(self._c._p2p([op], timeout, True, array)[0], None)
+        if op[1] == self._r:
+            raise InvalidArgumentError(f"send: peer {op[1]} is this rank; a blocking send to oneself cannot be "
+                                       f"received (use isend and irecv, or batch_isend_irecv)")
+        self._c._p2p([op], timeout)
+        return None
+
+    def recv(self, array: np.ndarray, src: Optional[int] = None, *, tag: int = 0, async_op: bool = False,
+             timeout: Optional[float] = None) -> Any:
+        """Receives into ``array`` the next message with ``tag`` from rank ``src``, or
+        from whichever rank's message comes first if ``src`` is None. The message must
+        fill ``array`` exactly (same size in bytes); otherwise both sides raise
+        :class:`tutti.SizeMismatchError`, nothing is written, and the communicator stays
+        usable.
+
+        Returns the rank that sent the message (as ``torch.distributed.recv`` does), or a
+        :class:`Work` with ``async_op=True`` whose ``wait()`` returns ``array`` and whose
+        :attr:`Work.source` then tells the sender."""
+        op = self._p2p_op(False, array, src, tag, "recv")
+        if async_op:
+            return Work(self._c._p2p([op], timeout, True, array)[0], array)
+        if op[1] == self._r:
+            raise InvalidArgumentError(f"recv: peer {op[1]} is this rank; a blocking receive from oneself cannot "
+                                       f"complete (use isend and irecv, or batch_isend_irecv)")
+        (st,) = self._c._p2p([op], timeout)
+        return st[0]
+
+    def isend(self, array: np.ndarray, dst: int, *, tag: int = 0, timeout: Optional[float] = None) -> Work:
+        """``send(array, dst, tag=tag, async_op=True)``: returns a :class:`Work` at once."""
+        return self.send(array, dst, tag=tag, async_op=True, timeout=timeout)
+
+    def irecv(self, array: np.ndarray, src: Optional[int] = None, *, tag: int = 0,
+              timeout: Optional[float] = None) -> Work:
+        """``recv(array, src, tag=tag, async_op=True)``: returns a :class:`Work` at once;
+        ``wait()`` returns ``array``, and :attr:`Work.source` the sender's rank."""
+        return self.recv(array, src, tag=tag, async_op=True, timeout=timeout)
+
+    def batch_isend_irecv(self, ops: Sequence[P2POp], *, timeout: Optional[float] = None) -> list:
+        """Posts a batch of sends and receives (:class:`P2POp`) at once, like
+        ``torch.distributed.batch_isend_irecv`` or NCCL's group calls, and returns one
+        :class:`Work` per op, in order. No order of the ops in a batch can deadlock (a
+        ring shift of large arrays where every rank sends first is fine): all of them
+        progress at once. Ops between the same two ranks with the same tag still match in
+        the order they were issued. A receive's buffer must not overlap another op's."""
+        ops = list(ops)
+        if not ops:
+            return []
+        native = []
+        for o in ops:
+            if not isinstance(o, P2POp):
+                raise TypeError(f"batch_isend_irecv: expected tutti.P2POp, got {type(o).__name__}")
+            if o.group is not None and o.group is not self:
+                raise ValueError("batch_isend_irecv: every op of a batch must be on this communicator")
+            native.append(self._p2p_op(o._send, o.array, o.peer, o.tag, "batch_isend_irecv"))
+        _check_overlap(native)
+        arrays = tuple(o.array for o in ops)
+        ws = self._c._p2p(native, timeout, True, arrays)
+        return [Work(w, None if o._send else o.array) for w, o in zip(ws, ops)]
 
     def barrier(self, *, async_op: bool = False, timeout: Optional[float] = None) -> Any:
         """Returns once every rank has entered the barrier (or a :class:`Work`)."""
         return self._run(C.BARRIER, 0, C.U8, C.OP_SUM, 0, 0, 0, 0, 0, None, None, async_op, timeout)
+
+
+def _check_overlap(ops: list) -> None:
+    """Raises ValueError if a receive buffer of the batch overlaps another op's buffer."""
+    recvs = [(a, a + n) for (send, _, a, n, _, _) in ops if not send and n]
+    if not recvs:
+        return
+    spans = sorted((a, a + n, send) for (send, _, a, n, _, _) in ops if n)
+    for i, (a, b, send) in enumerate(spans):
+        for c, d, send2 in spans[i + 1:]:
+            if c >= b:
+                break
+            if not (send and send2):
+                raise ValueError("batch_isend_irecv: a receive buffer overlaps another op's buffer")

@@ -33,6 +33,14 @@ class MismatchError(TuttiError):
     (type, reduction, count). Attributes: ``rank``, ``peer``, ``seq``."""
 
 
+class SizeMismatchError(TuttiError, ValueError):
+    """A point-to-point message and the receive that matched it differ in size (the
+    message is longer than the receive buffer, or an exact receive got another length).
+    Both the sender and the receiver get it; nothing was transferred, and the
+    communicator stays usable. Attributes: ``rank`` (this one), ``peer`` (the other
+    side), ``tag``, ``message`` and ``buffer`` (their sizes in bytes)."""
+
+
 class AbortedError(TuttiError):
     """The communicator was aborted (``Communicator.abort()``)."""
 
@@ -60,6 +68,7 @@ __all__ = [
     "TimeoutError",
     "PeerLostError",
     "MismatchError",
+    "SizeMismatchError",
     "AbortedError",
     "InvalidArgumentError",
     "ConfigError",

@@ -9,7 +9,7 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 from urllib.parse import urlparse
 
 from . import _net
-from ._comm import Communicator, UniqueId
+from ._comm import Communicator, P2POp, UniqueId
 
 __all__ = [
     "init_process_group",
@@ -21,6 +21,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "new_group",
+    "batch_isend_irecv",
 ]
 
 _default: Optional[Communicator] = None
@@ -152,6 +153,20 @@ def new_group(ranks: Sequence[int], group: Optional[Communicator] = None) -> Opt
     if g is not None:
         _groups.append(g)
     return g
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp], *, timeout: Optional[float] = None) -> list:
+    """Posts the sends and receives of ``p2p_op_list`` (:class:`tutti.P2POp`) at once on
+    their group (every op names the same one; None: the default communicator) and returns
+    a :class:`tutti.Work` per op, like ``torch.distributed.batch_isend_irecv``; see
+    :meth:`Communicator.batch_isend_irecv`."""
+    ops = list(p2p_op_list)
+    if not ops:
+        return []
+    g = ops[0].group
+    if any(o.group is not g for o in ops):
+        raise ValueError("batch_isend_irecv: every op of a batch must name the same group")
+    return _group(g).batch_isend_irecv(ops, timeout=timeout)
 
 
 def _module_function(name: str) -> Callable[..., Any]:

@@ -36,9 +36,13 @@ class Work:
     def is_completed(self) -> bool: ...
     def is_success(self) -> bool: ...
     def exception(self) -> Optional[BaseException]: ...
+    def status(self) -> Optional[Tuple[int, int, int]]:
+        """For a receive (of ``Communicator._p2p``) that completed successfully,
+        ``(source, tag, nbytes)``; None for other ops, and before."""
 
 class Communicator:
-    """A tutti communicator. ``_call`` runs any collective on raw addresses."""
+    """A tutti communicator. ``_call`` runs any collective on raw addresses, ``_p2p``
+    sends and receives."""
 
     @staticmethod
     def init_rank(unique_id: Union[UniqueId, str], nranks: int, rank: int,
@@ -86,6 +90,24 @@ class Communicator:
         guarantees the addresses stay valid and untouched until the call returns (blocking)
         or the op completes (``async_op``: ``keep`` is held until then, then
         ``callback(None or exception)`` runs on the completer thread)."""
+
+    def _p2p(
+        self,
+        ops: Sequence[Tuple[bool, int, int, int, int, bool]],
+        timeout: Optional[float] = None,
+        async_op: bool = False,
+        keep: Any = None,
+        callback: Union[None, Callable[[Optional[BaseException]], None],
+                        Sequence[Optional[Callable[[Optional[BaseException]], None]]]] = None,
+    ) -> List[Any]:
+        """Posts sends and receives at once on the point-to-point channel. ``ops``:
+        ``(is_send, peer, address, nbytes, tag, exact)``; a receive's peer -1 is any source;
+        ``exact``: the message must fill the receive buffer (else at most). Blocking: waits
+        (without the GIL) for all and returns per op ``(source, tag, nbytes)`` for a receive
+        or None for a send, raising the first error once all ended. ``async_op``: returns
+        a ``Work`` per op; ``keep`` is held until each op is done, then its callback (one
+        callable for all ops, or one per op) runs on a completer thread. Ops complete in
+        any order. The caller guarantees the addresses as for ``_call``."""
 
 def buffer(array: Any, writable: bool, what: str = "array") -> Tuple[int, int, int, int]:
     """``(address, nbytes, dtype code, itemsize)`` of a C-contiguous numpy array; raises

@@ -276,3 +276,14 @@ class TuttiWork(dist._Work):
 
     def synchronize(self) -> None:
         pass
+
+    def _source_rank(self) -> int:
+        """The rank that sent what a receive got (what ``dist.recv(t)`` without ``src``
+        returns); valid once the receive completed successfully."""
+        for w in self._ws:
+            st = w.status()
+            if st is not None:
+                return st[0]
+        raise RuntimeError("tutti: _source_rank() needs a receive that completed successfully (wait() first)")
+
+    source_rank = _source_rank

@@ -28,15 +28,25 @@ so DDP's gradient all-reduces overlap the backward pass. The group's timeout (th
 Supported: all_reduce, broadcast, reduce, all_gather (lists, uneven sizes too) and
 all_gather_into_tensor, reduce_scatter (lists) and reduce_scatter_tensor, all_to_all and
 all_to_all_single (with split sizes), gather, gather_single, scatter, send/recv/isend/
-irecv, barrier, and the coalesced forms. Reductions: SUM, AVG, PRODUCT, MIN, MAX on
+irecv (with tags, and from any source), batch_isend_irecv, barrier, and the coalesced
+forms. Reductions: SUM, AVG, PRODUCT, MIN, MAX on
 float32/64, float16, bfloat16, int8/32/64, uint8 (and uint32/64); bool with MAX/MIN (SUM
 and PRODUCT mean or/and, BOR/BAND too). Other dtypes (int16, complex, ...) are moved
 as bytes; torch itself turns complex all-reduces into float ones.
 
-Limits. Point-to-point ops run in issue order with the collectives of the group, so two
-ranks must issue matching sends and receives in the same order (a ring exchange of
-large tensors through ``batch_isend_irecv`` can deadlock); ``tag`` is ignored;
-receiving from any source is not supported.
+Point to point. send/recv/isend/irecv and ``batch_isend_irecv`` run on the
+communicator's point-to-point channel, beside the collectives and not behind them: they
+match per (peer, tag) in issue order, like MPI and NCCL, so ``tag`` is honoured and
+messages of different tags or peers never wait for each other; ``dist.recv(t)`` without
+``src`` receives from any source and returns the sender's rank (``Work._source_rank()``);
+every op of a ``batch_isend_irecv`` is posted before any is waited for, so no order of
+sends and receives (a ring shift of large tensors, a pipeline's forward sends and
+backward receives in flight together) can deadlock. A receive whose tensor is not the
+size of the message makes both sides raise :class:`tutti.SizeMismatchError`; the group
+stays usable.
+
+Limits. CPU tensors only. torch's C++-level coalescing (``supports_coalescing``) is not
+offered: ``batch_isend_irecv`` calls send/recv once per op, each posting at once.
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ from torch._C._distributed_c10d import (
 
 from . import _codes as C
 from . import _native, _net
+from ._comm import _tag
 from ._torch_util import (
     _DONE,
     _DT,
@@ -171,24 +182,39 @@ class ProcessGroupTutti(dist.ProcessGroup):
         if not calls:  # nothing to do (an empty list of tensors)
             done(None)
             return _DoneWork(outputs)
-        # Every call holds the buffers until it is done, and the last one to
-        # finish (in whatever order: a call that fails its argument check
-        # finishes at once) runs `done` with the first error.
-        lock = threading.Lock()
-        state = {"left": len(calls), "err": None}
-
-        def one(err: Optional[BaseException]) -> None:
-            with lock:
-                if err is not None and state["err"] is None:
-                    state["err"] = err
-                state["left"] -= 1
-                finished = state["left"] == 0
-            if finished:
-                done(state["err"])
-
+        one = _all_of(len(calls), done)
         ws = [call(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], None, True, (keep, outputs), one, c[9])
               for c in calls]
         return TuttiWork(ws, fut, outputs)
+
+    def _p2p(self, ops: list, keep: Any, post: list, outputs: Any) -> Any:
+        """Posts sends and receives (tuples for ``_native.Communicator._p2p``) at once,
+        asynchronously; their Work completes once all of them did."""
+        fut = torch.futures.Future()
+
+        def done(err: Optional[BaseException]) -> None:
+            if err is not None:
+                fut.set_exception(err)
+                return
+            try:
+                for p in post:
+                    p()
+            except BaseException as e:  # noqa: BLE001 - handed to the future
+                fut.set_exception(e)
+                return
+            fut.set_result(outputs)
+
+        if not ops:
+            done(None)
+            return _DoneWork(outputs)
+        ws = self._comm._p2p(ops, None, True, (keep, outputs), _all_of(len(ops), done))
+        return TuttiWork(ws, fut, outputs)
+
+    def _peer(self, r: int, what: str) -> int:
+        r = int(r)
+        if not 0 <= r < self._size:
+            raise ValueError(f"tutti {what}: rank {r} is out of range for a group of {self._size} ranks")
+        return r
 
     def _async1(self, kind: int, arg: int, code: int, op: int, count: int, sp: int, sl: int, rp: int, rl: int,
                 outputs: Any) -> TuttiWork:
@@ -548,35 +574,70 @@ class ProcessGroupTutti(dist.ProcessGroup):
         return self._submit(calls, bufs, post, outputs, _async_op(opts))
 
     # ---- point to point ----
+    # torch calls these for send/recv/isend/irecv and, one per op, for
+    # batch_isend_irecv; each posts at once and returns a Work (dist.send and
+    # dist.recv wait on it), so the ops of a batch all progress together.
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Any:
-        calls, bufs = [], []
+        dst, tag = self._peer(dst, "send"), _tag(tag)
+        ops, bufs = [], []
         for t in tensors:
             src = _src(t)
-            code, item = _moved(src)
-            sl = src.numel() * src.element_size()
             bufs.append(src)
-            calls.append((C.SEND, dst, code, C.OP_SUM, sl // item, src.data_ptr(), sl, 0, 0, None))
-        # Always asynchronous: dist.send waits on the Work, dist.isend does not.
-        return self._submit(calls, bufs, [], tensors, True)
+            ops.append((True, dst, src.data_ptr(), src.numel() * src.element_size(), tag, True))
+        return self._p2p(ops, bufs, [], tensors)
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Any:
-        post: list = []
-        calls, bufs = [], []
-        for t in tensors:
-            dst = _dst(t, post, keep_data=False)
-            code, item = _moved(dst)
-            rl = dst.numel() * dst.element_size()
-            bufs.append(dst)
-            calls.append((C.RECV, src, code, C.OP_SUM, rl // item, 0, 0, dst.data_ptr(), rl, None))
-        return self._submit(calls, bufs, post, tensors, True)
+        return self._recv(tensors, self._peer(src, "recv"), tag)
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Any:
-        raise RuntimeError("tutti: receiving from any source is not supported; name the source rank")
+        """A receive from whichever rank's message (with ``tag``) comes first; the Work's
+        ``_source_rank()`` tells the sender once it completed (``dist.recv`` returns it)."""
+        return self._recv(tensors, -1, tag)
+
+    def _recv(self, tensors: List[torch.Tensor], src: int, tag: int) -> Any:
+        tag = _tag(tag)
+        post: list = []
+        ops, bufs = [], []
+        for t in tensors:
+            dst = _dst(t, post, keep_data=False)
+            bufs.append(dst)
+            ops.append((False, src, dst.data_ptr(), dst.numel() * dst.element_size(), tag, True))
+        return self._p2p(ops, bufs, post, tensors)
+
+    def _get_backend(self, device: Any) -> Any:
+        # torch asks a group for its per-device backend (batch_isend_irecv reads
+        # its `supports_coalescing`); this group is its own backend, registered
+        # for no device, where torch's lookup raises. Without coalescing, torch's
+        # batch_isend_irecv calls send/recv once per op, which post at once.
+        try:
+            return super()._get_backend(device)
+        except RuntimeError:
+            return self
+
+    supports_coalescing = False
 
     # ---- barrier ----
     def barrier(self, opts: Any = None) -> Any:
         async_op = True if opts is None else _async_op(opts)
         return self._submit([(C.BARRIER, 0, C.U8, C.OP_SUM, 0, 0, 0, 0, 0, None)], None, [], [], async_op)
+
+
+def _all_of(n: int, done: Callable[[Optional[BaseException]], None]) -> Callable[[Optional[BaseException]], None]:
+    """A callback for `n` native ops: the last one to finish (in whatever order: an op
+    that fails its argument check finishes at once) calls `done` with the first error."""
+    lock = threading.Lock()
+    state = {"left": n, "err": None}
+
+    def one(err: Optional[BaseException]) -> None:
+        with lock:
+            if err is not None and state["err"] is None:
+                state["err"] = err
+            state["left"] -= 1
+            finished = state["left"] == 0
+        if finished:
+            done(state["err"])
+
+    return one
 
 
 def _then(fut: torch.futures.Future, value: Any) -> torch.futures.Future:

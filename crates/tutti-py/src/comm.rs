@@ -7,14 +7,19 @@
 //! communicator's [`Completer`].
 
 use crate::errors::IntoPy;
-use crate::work::{Completer, PyWork};
+use crate::work::{Completer, P2pCompleter, PostedP2p, PyWork};
 use crate::UniqueIdArg;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tutti::algo::VCounts;
-use tutti::{Collective, Communicator, Config, DataType, Options, RawCall, ReduceOp};
+use tutti::{Collective, Communicator, Config, DataType, Options, RawCall, RawP2p, ReduceOp};
+
+/// A point-to-point op from Python: (is_send, peer or -1 for any source,
+/// address, bytes, tag, exact).
+type P2pArg = (bool, i64, usize, usize, u32, bool);
 
 /// AllToAllV counts from Python: (send_counts, send_displs, recv_counts, recv_displs).
 type VCountsArg = (Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>);
@@ -89,6 +94,8 @@ fn nonnull(p: usize, len: usize, what: &str) -> PyResult<usize> {
 pub(crate) struct PyComm {
     inner: RwLock<Option<Arc<Communicator>>>,
     completer: Mutex<Option<Completer>>,
+    /// Sends and receives complete in any order: they have their own completer.
+    p2p_completer: Mutex<Option<P2pCompleter>>,
     /// Deadline of each op unless the call names one.
     timeout: Option<Duration>,
     rank: usize,
@@ -102,6 +109,7 @@ impl PyComm {
             size: c.size(),
             inner: RwLock::new(Some(Arc::new(c))),
             completer: Mutex::new(None),
+            p2p_completer: Mutex::new(None),
             timeout,
         }
     }
@@ -112,6 +120,18 @@ impl PyComm {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
             .ok_or_else(|| PyRuntimeError::new_err("this tutti communicator has been destroyed"))
+    }
+
+    /// Hands posted point-to-point ops to this communicator's point-to-point completer.
+    fn push_p2p(
+        &self,
+        py: Python<'_>,
+        ops: Vec<PostedP2p>,
+        keep: Option<&Py<PyAny>>,
+    ) -> Vec<PyWork> {
+        let mut g = self.p2p_completer.lock().unwrap_or_else(|e| e.into_inner());
+        let completer = g.get_or_insert_with(|| P2pCompleter::start(self.rank));
+        completer.push(ops, keep, py)
     }
 
     fn config(timeout: Option<Duration>) -> tutti::Result<Config> {
@@ -244,11 +264,21 @@ impl PyComm {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+        let p2p = self
+            .p2p_completer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         let release = move || {
             if let Some(done) = done {
                 done.shutdown();
             }
+            // Sends and receives still pending fail when the communicator
+            // goes; then their completer threads can finish.
             drop(c);
+            if let Some(p2p) = p2p {
+                p2p.shutdown();
+            }
         };
         if crate::work::on_completer_thread() {
             let _ = std::thread::Builder::new()
@@ -330,9 +360,123 @@ impl PyComm {
         // SAFETY: as above, until the op completes; the completer holds
         // `keep` (the buffers' owner) until then.
         let w = unsafe { c.submit_raw(&call, &opts) };
+        if matches!(call.coll, Collective::Send { .. } | Collective::Recv { .. }) {
+            // Point-to-point: completes out of issue order.
+            let mut ws = self.push_p2p(py, vec![(w, None, callback)], keep.as_ref());
+            return Ok(ws.pop());
+        }
         let mut g = self.completer.lock().unwrap_or_else(|e| e.into_inner());
         let completer = g.get_or_insert_with(|| Completer::start(self.rank));
         Ok(Some(completer.push(w, keep, callback)))
+    }
+
+    /// Posts sends and receives on raw memory, all at once, on the
+    /// point-to-point channel (they match per peer and tag, in order, and
+    /// progress beside the collectives). Private: the Python package checks
+    /// the buffers and passes their addresses.
+    ///
+    /// `ops`: `(is_send, peer, address, bytes, tag, exact)`; a receive's
+    /// peer -1 is any source; `exact`: the message must fill the receive
+    /// buffer (else it may be shorter). Blocking unless `async_op`: waits
+    /// (without the GIL) for every op and returns, per op, a receive's
+    /// `(source, tag, bytes)` or None for a send, raising the first error
+    /// once all ended. With `async_op`: returns a `Work` per op, keeps
+    /// `keep` alive until each op is done and then calls its callback
+    /// (`callback`: one callable for every op, or a list with one callable
+    /// or None per op) with None or the exception, on a completer thread.
+    ///
+    /// The caller promises what `_call` needs: valid addresses, memory
+    /// untouched until the call returns or the op completes.
+    #[pyo3(signature = (ops, timeout=None, async_op=false, keep=None, callback=None))]
+    fn _p2p<'py>(
+        &self,
+        py: Python<'py>,
+        ops: Vec<P2pArg>,
+        timeout: Option<f64>,
+        async_op: bool,
+        keep: Option<Py<PyAny>>,
+        callback: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let c = self.get()?;
+        let mut raw = Vec::with_capacity(ops.len());
+        for (send, peer, ptr, len, tag, exact) in ops {
+            let what = if send {
+                "send buffer"
+            } else {
+                "receive buffer"
+            };
+            raw.push(RawP2p {
+                send,
+                peer: usize::try_from(peer).ok(),
+                ptr: nonnull(ptr, len, what)? as *mut u8,
+                len,
+                tag,
+                exact,
+            });
+        }
+        let callbacks: Vec<Option<Py<PyAny>>> = match callback {
+            None => (0..raw.len()).map(|_| None).collect(),
+            Some(cb) if cb.is_instance_of::<PyList>() || cb.is_instance_of::<PyTuple>() => {
+                let v: Vec<Option<Py<PyAny>>> = cb.extract()?;
+                if v.len() != raw.len() {
+                    return Err(PyValueError::new_err(format!(
+                        "_p2p: {} callbacks for {} ops",
+                        v.len(),
+                        raw.len()
+                    )));
+                }
+                v
+            }
+            Some(cb) => (0..raw.len()).map(|_| Some(cb.clone().unbind())).collect(),
+        };
+        let t = duration(timeout, "timeout")?.or(self.timeout);
+        if !async_op {
+            let out = py.detach(move || {
+                // SAFETY: the caller guarantees the buffers for the duration
+                // of this call, which waits for every op.
+                let posted = unsafe { c.post_p2p_raw(&raw, t) };
+                let mut first = None;
+                let mut out = Vec::with_capacity(posted.len());
+                for (w, h) in posted {
+                    match w.wait() {
+                        Ok(()) => out.push(h.status()),
+                        Err(e) => {
+                            first.get_or_insert(e);
+                            out.push(None);
+                        }
+                    }
+                }
+                match first {
+                    Some(e) => Err(e),
+                    None => Ok(out),
+                }
+            });
+            let out = out.py(py)?;
+            let items = out
+                .into_iter()
+                .map(|s| match s {
+                    Some(s) => (s.source, s.tag, s.bytes)
+                        .into_pyobject(py)
+                        .map(|t| t.into_any()),
+                    None => Ok(py.None().into_bound(py)),
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            return PyList::new(py, items);
+        }
+        // SAFETY: as above, until each op completes; the completer holds
+        // `keep` (the buffers' owner) until then.
+        let posted = unsafe { c.post_p2p_raw(&raw, t) };
+        let ops = posted
+            .into_iter()
+            .zip(callbacks)
+            .map(|((w, h), cb)| (w, Some(h), cb))
+            .collect();
+        let ws = self.push_p2p(py, ops, keep.as_ref());
+        let ws = ws
+            .into_iter()
+            .map(|w| Bound::new(py, w).map(|b| b.into_any()))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, ws)
     }
 
     fn __repr__(&self) -> String {
@@ -356,12 +500,17 @@ impl Drop for PyComm {
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+        let p2p = self
+            .p2p_completer
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         let c = self
             .inner
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        if done.is_some() || c.is_some() {
+        if done.is_some() || c.is_some() || p2p.is_some() {
             let _ = std::thread::Builder::new()
                 .name("tutti-py-destroy".into())
                 .spawn(move || {
@@ -369,6 +518,9 @@ impl Drop for PyComm {
                         d.shutdown();
                     }
                     drop(c);
+                    if let Some(p) = p2p {
+                        p.shutdown();
+                    }
                 });
         }
     }

@@ -20,6 +20,7 @@ fn class_name(e: &Error) -> &'static str {
         Error::Timeout { .. } => "TimeoutError",
         Error::PeerLost { .. } => "PeerLostError",
         Error::Mismatch { .. } => "MismatchError",
+        Error::SizeMismatch { .. } => "SizeMismatchError",
         Error::Aborted => "AbortedError",
         Error::Io { .. } => "IoError",
         _ => "TuttiError",
@@ -90,6 +91,22 @@ pub(crate) fn to_pyerr(py: Python<'_>, e: &Error) -> PyErr {
             set("rank", rank.into_pyobject(py).expect("int").into_any());
             set("peer", peer.into_pyobject(py).expect("int").into_any());
             set("seq", seq.into_pyobject(py).expect("int").into_any());
+        }
+        Error::SizeMismatch {
+            rank,
+            peer,
+            tag,
+            message,
+            buffer,
+        } => {
+            set("rank", rank.into_pyobject(py).expect("int").into_any());
+            set("peer", peer.into_pyobject(py).expect("int").into_any());
+            set("tag", tag.into_pyobject(py).expect("int").into_any());
+            set(
+                "message",
+                message.into_pyobject(py).expect("int").into_any(),
+            );
+            set("buffer", buffer.into_pyobject(py).expect("int").into_any());
         }
         Error::Bootstrap { rank, .. } => {
             set("rank", rank.into_pyobject(py).expect("int").into_any());
