@@ -229,7 +229,10 @@ fn bad_arguments(c: &Communicator, _: &Ctx) {
     // A message to oneself, posted asynchronously, meets its receive (the
     // blocking calls above refuse it: nothing else could post the match).
     let ws = c.send_async(vec![7u8; 2], r);
-    let got = c.recv_async(vec![0u8; 2], r).wait().expect("recv from oneself");
+    let got = c
+        .recv_async(vec![0u8; 2], r)
+        .wait()
+        .expect("recv from oneself");
     assert_eq!(got, [7, 7]);
     ws.wait().expect("send to oneself");
     invalid(c.send_async(vec![0u8; 2], n).wait(), &["peer"]);
