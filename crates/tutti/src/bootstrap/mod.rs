@@ -18,7 +18,7 @@ pub use crate::config::launch::EnvInfo;
 use crate::config::{Config, TcpCongestion, TransportChoice};
 use crate::error::{Error, Result};
 use crate::topo::{self, Topology};
-use crate::transport::shm::{DirectRead, Layout, RingLink, Segment, P2P_CHANNEL};
+use crate::transport::shm::{self, DirectRead, Layout, Segment, P2P_CHANNEL};
 use crate::transport::tcp::{Framing, TcpLink, MAX_LANES};
 use crate::transport::tcp_io::{self, Bell, IoSet};
 use crate::transport::{sys, Link, TransportKind};
@@ -468,25 +468,19 @@ pub(crate) fn connect(
     let local_me = topo.local_rank[rank];
     let mut created = None;
     let name_out = if shm && local_me == 0 {
-        let name = format!(
-            "/tutti-{}-{}-{}-{}",
-            hex(&token[..4]),
-            sys::pid(),
-            me,
-            unique_suffix()
-        );
-        let (seg, path) = create_segment(&name, layout).map_err(|e| boot(e.to_string()))?;
-        created = Some((seg, Unlink(path)));
-        name.into_bytes()
+        let c = shm::connect::create(&token, me, layout).map_err(|e| boot(e.to_string()))?;
+        let name = c.name.clone().into_bytes();
+        created = Some(c);
+        name
     } else {
         Vec::new()
     };
     let names = ex.allgather(&name_out)?;
     let segment = if shm {
         let seg = match created.take() {
-            Some((seg, unlink)) => {
+            Some(c) => {
                 let r = ex.barrier(); // everybody has mapped it
-                drop(unlink); // removes the file, on success or failure
+                let seg = c.unlink(); // removes the file, on success or failure
                 r?;
                 seg
             }
@@ -494,23 +488,17 @@ pub(crate) fn connect(
                 let leader = members[locals[0]];
                 let name = String::from_utf8(names[leader].clone())
                     .map_err(|_| boot("bad segment name".into()))?;
-                let seg = open_segment(&name, layout).map_err(|e| boot(e.to_string()))?;
+                let seg = shm::connect::open(&name, layout).map_err(|e| boot(e.to_string()))?;
                 ex.barrier()?;
                 seg
             }
         };
-        for (li, &q) in locals.iter().enumerate() {
-            if q != rank {
-                links[q] = Some(Link::Ring(
-                    RingLink::new(seg.clone(), local_me, li, DirectRead::Cma),
-                    TransportKind::Shm,
-                ));
-                p2p_links[q] = Some(Link::Ring(
-                    RingLink::on_channel(seg.clone(), P2P_CHANNEL, local_me, li, DirectRead::Cma),
-                    TransportKind::Shm,
-                ));
-                peer_pids[q] = Some(infos[q].pid);
-            }
+        for (chan, links) in [(0, &mut links), (P2P_CHANNEL, &mut p2p_links)] {
+            let (direct, kind) = (DirectRead::Cma, TransportKind::Shm);
+            shm::connect::ring_links(&seg, chan, local_me, &locals, direct, kind, links);
+        }
+        for &q in locals.iter().filter(|&&q| q != rank) {
+            peer_pids[q] = Some(infos[q].pid);
         }
         Some((seg, local_me))
     } else {
@@ -636,20 +624,6 @@ fn use_io_thread(cfg: &Config, ranks_on_machine: usize) -> bool {
         let cores = sys::online_cpus();
         cores >= 2 * ranks_on_machine.max(1)
     })
-}
-
-/// Removes a shared-memory file when dropped, so that a failed set-up
-/// leaves nothing in /dev/shm.
-struct Unlink(String);
-
-impl Drop for Unlink {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn unique_suffix() -> String {
-    hex(&random_token()[..4])
 }
 
 fn bind_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpListener> {
@@ -904,48 +878,6 @@ fn accept_peers(
         }
     }
     Ok(())
-}
-
-fn shm_path(name: &str) -> String {
-    format!("/dev/shm{name}")
-}
-
-fn create_segment(name: &str, layout: Layout) -> Result<(Arc<Segment>, String)> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = shm_path(name);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| Error::io(format!("creating {path}"), e))?;
-    f.set_len(layout.total as u64).map_err(|e| {
-        Error::io(
-            format!(
-                "sizing {path} to {} bytes (is /dev/shm big enough?)",
-                layout.total
-            ),
-            e,
-        )
-    })?;
-    let seg = Segment::map(f.as_raw_fd(), layout, true);
-    if seg.is_err() {
-        let _ = std::fs::remove_file(&path);
-    }
-    Ok((seg?, path))
-}
-
-fn open_segment(name: &str, layout: Layout) -> Result<Arc<Segment>> {
-    use std::os::fd::AsRawFd;
-    let path = shm_path(name);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| Error::io(format!("opening {path}"), e))?;
-    Segment::map(f.as_raw_fd(), layout, false)
 }
 
 #[cfg(test)]
