@@ -21,11 +21,13 @@
 pub(crate) mod shm;
 pub(crate) mod sys;
 pub(crate) mod tcp;
-pub(crate) mod tcp_io;
 
 /// The mailboxes live with the segment they use (`shm/mailbox.rs`); this
 /// is their old path.
 pub(crate) use shm::mailbox;
+/// The TCP I/O thread lives in the tcp folder (`tcp/io/`); this is its old
+/// path.
+pub(crate) use tcp::io as tcp_io;
 
 use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, ReduceOp};
@@ -176,7 +178,7 @@ pub(crate) enum Link {
     /// TCP sockets driven by the executor.
     Tcp(tcp::TcpLink),
     /// TCP sockets driven by the connection set's I/O thread.
-    TcpIo(tcp_io::IoLink),
+    TcpIo(tcp::IoLink),
 }
 
 impl Link {
