@@ -4,7 +4,8 @@
 use super::super::framing::{Expect, RxError, Sink, PROBE_AFTER};
 use super::super::lanes::{close_gracefully, Direct, Lanes};
 use super::{align16, Failure, Port, Shared, Stage, DESC_BYTES, MAX_NAP};
-use crate::transport::{shm, Backoff, HEADER_BYTES};
+use crate::transport::wait::{self, Backoff};
+use crate::transport::{shm, HEADER_BYTES};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -244,6 +245,11 @@ impl Sink for Staging<'_> {
     }
 }
 
+/// The I/O thread's loop. It waits as every wait does
+/// ([`crate::transport::wait`]): it polls its ports while the spin time
+/// lasts, then probes silent peers (its liveness check; it has no deadline
+/// of its own, and stops when told to) and sleeps in `poll()` on its
+/// sockets and eventfd.
 pub(super) fn io_thread(sh: &Shared, mut sides: Vec<Side>) {
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(1 + 2 * sides.len() * 8);
     let mut backoff = Backoff::new(sh.spin);
@@ -291,14 +297,7 @@ pub(super) fn io_thread(sh: &Shared, mut sides: Vec<Side>) {
         }
         sh.sleeping.store(1, Ordering::SeqCst);
         if sh.kick.load(Ordering::SeqCst) == kick {
-            // SAFETY: `fds` is a valid array of pollfd for the call.
-            unsafe {
-                libc::poll(
-                    fds.as_mut_ptr(),
-                    fds.len() as libc::nfds_t,
-                    MAX_NAP.as_millis() as i32,
-                )
-            };
+            wait::poll(&mut fds, MAX_NAP);
         }
         sh.sleeping.store(0, Ordering::SeqCst);
         if fds[0].revents != 0 {
