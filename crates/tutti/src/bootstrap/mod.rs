@@ -7,6 +7,8 @@
 //! host's lowest rank and unlinked as soon as all have mapped it); ranks on
 //! different hosts connect directly over TCP, the higher rank dialling the
 //! lower, each connection opened with the auth token and the dialler's rank.
+//! This module runs the exchange rounds; the wiring itself is each
+//! transport's (`transport::shm::connect`, `transport::tcp::connect`).
 //!
 //! Where the rank, size and master come from: [`UniqueId`] (launcher-free,
 //! like `ncclGetUniqueId`), or the environment ([`EnvInfo::from_env`]).
