@@ -7,6 +7,8 @@
 //! host's lowest rank and unlinked as soon as all have mapped it); ranks on
 //! different hosts connect directly over TCP, the higher rank dialling the
 //! lower, each connection opened with the auth token and the dialler's rank.
+//! This module runs the exchange rounds; the wiring itself is each
+//! transport's (`transport::shm::connect`, `transport::tcp::connect`).
 //!
 //! Where the rank, size and master come from: [`UniqueId`] (launcher-free,
 //! like `ncclGetUniqueId`), or the environment ([`EnvInfo::from_env`]).
@@ -15,17 +17,15 @@ pub mod rank_table;
 pub mod store;
 
 pub use crate::config::launch::EnvInfo;
-use crate::config::{Config, TcpCongestion, TransportChoice};
+use crate::config::{Config, TransportChoice};
 use crate::error::{Error, Result};
 use crate::topo::{self, Topology};
-use crate::transport::shm::{DirectRead, Layout, RingLink, Segment, P2P_CHANNEL};
-use crate::transport::tcp::{Framing, TcpLink, MAX_LANES};
-use crate::transport::tcp_io::{self, Bell, IoSet};
+use crate::transport::shm::{self, DirectRead, Layout, Segment, P2P_CHANNEL};
+use crate::transport::tcp::{self, IoSet};
 use crate::transport::{sys, Link, TransportKind};
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -468,25 +468,19 @@ pub(crate) fn connect(
     let local_me = topo.local_rank[rank];
     let mut created = None;
     let name_out = if shm && local_me == 0 {
-        let name = format!(
-            "/tutti-{}-{}-{}-{}",
-            hex(&token[..4]),
-            sys::pid(),
-            me,
-            unique_suffix()
-        );
-        let (seg, path) = create_segment(&name, layout).map_err(|e| boot(e.to_string()))?;
-        created = Some((seg, Unlink(path)));
-        name.into_bytes()
+        let c = shm::connect::create(&token, me, layout).map_err(|e| boot(e.to_string()))?;
+        let name = c.name.clone().into_bytes();
+        created = Some(c);
+        name
     } else {
         Vec::new()
     };
     let names = ex.allgather(&name_out)?;
     let segment = if shm {
         let seg = match created.take() {
-            Some((seg, unlink)) => {
+            Some(c) => {
                 let r = ex.barrier(); // everybody has mapped it
-                drop(unlink); // removes the file, on success or failure
+                let seg = c.unlink(); // removes the file, on success or failure
                 r?;
                 seg
             }
@@ -494,23 +488,17 @@ pub(crate) fn connect(
                 let leader = members[locals[0]];
                 let name = String::from_utf8(names[leader].clone())
                     .map_err(|_| boot("bad segment name".into()))?;
-                let seg = open_segment(&name, layout).map_err(|e| boot(e.to_string()))?;
+                let seg = shm::connect::open(&name, layout).map_err(|e| boot(e.to_string()))?;
                 ex.barrier()?;
                 seg
             }
         };
-        for (li, &q) in locals.iter().enumerate() {
-            if q != rank {
-                links[q] = Some(Link::Ring(
-                    RingLink::new(seg.clone(), local_me, li, DirectRead::Cma),
-                    TransportKind::Shm,
-                ));
-                p2p_links[q] = Some(Link::Ring(
-                    RingLink::on_channel(seg.clone(), P2P_CHANNEL, local_me, li, DirectRead::Cma),
-                    TransportKind::Shm,
-                ));
-                peer_pids[q] = Some(infos[q].pid);
-            }
+        for (chan, links) in [(0, &mut links), (P2P_CHANNEL, &mut p2p_links)] {
+            let (direct, kind) = (DirectRead::Cma, TransportKind::Shm);
+            shm::connect::ring_links(&seg, chan, local_me, &locals, direct, kind, links);
+        }
+        for &q in locals.iter().filter(|&&q| q != rank) {
+            peer_pids[q] = Some(infos[q].pid);
         }
         Some((seg, local_me))
     } else {
@@ -520,63 +508,25 @@ pub(crate) fn connect(
 
     // TCP to everybody else: dial lower ranks (this rank decides the pair's
     // sockets and frame size), accept higher ones.
-    let tcp_peers = (0..nranks).filter(|&q| q != rank && !use_shm(q)).count();
-    let framing = tcp_framing(cfg, tcp_peers);
-    for q in (0..rank).filter(|&q| !use_shm(q)) {
-        let mut socks = Vec::with_capacity(framing.lanes);
-        // The pair's lanes, then the point-to-point channel's socket.
-        for lane in 0..=framing.lanes {
-            let hello = Hello {
-                rank,
-                lane: if lane == framing.lanes { 0 } else { lane },
-                framing,
-                p2p: lane == framing.lanes,
-            };
-            let s = dial(infos[q].addr, token, &hello, deadline).map_err(|e| {
-                boot(format!(
-                    "cannot connect to rank {q} at {}: {e}",
-                    infos[q].addr
-                ))
-            })?;
-            socks.push(s);
-        }
-        let p2p = socks.pop().expect("the P2P socket was dialled last");
-        links[q] = Some(Link::Tcp(TcpLink::new(socks, q, framing.chunk)?));
-        p2p_links[q] = Some(Link::Tcp(TcpLink::new(vec![p2p], q, framing.chunk)?));
-    }
-    let expect: Vec<usize> = (rank + 1..nranks).filter(|&q| !use_shm(q)).collect();
-    if let Some(l) = &listener {
-        accept_peers(l, token, &expect, &mut links, &mut p2p_links, deadline).map_err(boot)?;
-    }
-    set_congestion(cfg, &links)?;
+    let tcp_peers: Vec<usize> = (0..nranks).filter(|&q| q != rank && !use_shm(q)).collect();
+    let addrs: Vec<SocketAddr> = infos.iter().map(|i| i.addr).collect();
+    tcp::connect::connect_peers(
+        cfg,
+        rank,
+        &tcp_peers,
+        &addrs,
+        listener.as_ref(),
+        token,
+        deadline,
+        &mut links,
+        &mut p2p_links,
+        &boot,
+    )?;
     let ranks_on_machine = infos
         .iter()
         .filter(|i| i.machine == infos[rank].machine)
         .count();
-    let io = if links.iter().any(|l| matches!(l, Some(Link::Tcp(_))))
-        && use_io_thread(cfg, ranks_on_machine)
-    {
-        let bell = match &segment {
-            Some((seg, i)) => Bell::Seg(seg.clone(), *i),
-            None => tcp_io::own_bell(),
-        };
-        let mut tcp = Vec::new();
-        for (q, l) in links.iter_mut().enumerate() {
-            if matches!(l, Some(Link::Tcp(_))) {
-                if let Some(Link::Tcp(t)) = l.take() {
-                    tcp.push((q, t));
-                }
-            }
-        }
-        let peers: Vec<usize> = tcp.iter().map(|(q, _)| *q).collect();
-        let (set, io_links) = IoSet::start(tcp, bell, cfg.spin_for(2 * ranks_on_machine))?;
-        for (q, l) in peers.into_iter().zip(io_links) {
-            links[q] = Some(Link::TcpIo(l));
-        }
-        Some(set)
-    } else {
-        None
-    };
+    let io = tcp::connect::start_io_thread(cfg, &mut links, ranks_on_machine, segment.as_ref())?;
     for (q, l) in links.iter().enumerate() {
         topo.transports[q] = l.as_ref().map(|l| l.kind());
     }
@@ -594,64 +544,6 @@ pub(crate) fn connect(
     }))
 }
 
-/// Puts every TCP socket on the congestion control `cfg` asks for
-/// ([`TcpCongestion`]): `Auto` tries cubic and keeps the system's default
-/// if the kernel refuses; a named one that the kernel refuses fails set-up.
-fn set_congestion(cfg: &Config, links: &[Option<Link>]) -> Result<()> {
-    let (name, required) = match &cfg.tcp_congestion {
-        TcpCongestion::Auto => ("cubic", false),
-        TcpCongestion::System => return Ok(()),
-        TcpCongestion::Named(n) => (n.as_str(), true),
-    };
-    for (q, l) in links.iter().enumerate() {
-        if let Some(Link::Tcp(t)) = l {
-            match t.set_congestion(name) {
-                Ok(()) => {}
-                Err(e) if !required => {
-                    tracing::debug!(
-                        "TCP sockets keep the system's congestion control: {name}: {e}"
-                    );
-                    return Ok(());
-                }
-                Err(e) => {
-                    return Err(Error::Config(format!(
-                        "TUTTI_TCP_CONGESTION={name}: the kernel refused it on the link to \
-                         rank {q} ({e}); see /proc/sys/net/ipv4/tcp_available_congestion_control \
-                         (and tcp_allowed_congestion_control for unprivileged processes), or \
-                         use auto or system"
-                    )))
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Whether a communicator's TCP links get a dedicated I/O thread:
-/// `TUTTI_TCP_IO_THREAD`, or automatically when this machine has at least
-/// two cores for each of the communicator's ranks on it (the executor and
-/// the I/O thread then each have one).
-fn use_io_thread(cfg: &Config, ranks_on_machine: usize) -> bool {
-    cfg.tcp_io_thread.unwrap_or_else(|| {
-        let cores = sys::online_cpus();
-        cores >= 2 * ranks_on_machine.max(1)
-    })
-}
-
-/// Removes a shared-memory file when dropped, so that a failed set-up
-/// leaves nothing in /dev/shm.
-struct Unlink(String);
-
-impl Drop for Unlink {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn unique_suffix() -> String {
-    hex(&random_token()[..4])
-}
-
 fn bind_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpListener> {
     loop {
         match TcpListener::bind(addr) {
@@ -666,286 +558,6 @@ fn bind_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpListene
             Err(e) => return Err(e),
         }
     }
-}
-
-/// How many sockets, and what frame size, a TCP pair dialled by this rank
-/// gets: `TUTTI_TCP_SOCKETS`, or automatically 2 when this rank has a
-/// single TCP peer, else 1: a rank with several TCP peers already has a
-/// flow per peer, and more flows through one shared link only contend in
-/// its queue. Measured (see docs/performance.md): on loopback 2 sockets
-/// carry 1-4 MiB AllReduce 1.5-1.8x faster than one; on the 1 Gbit/s
-/// namespace cluster with 2 and 4 ranks per host, AllToAll reached 82% and
-/// 74% of the link with 4 sockets per pair, 93-95% and 88-92% with 2, and
-/// 97% and 92-98% with 1. Messages of one frame (256 KiB and less) use one
-/// socket whatever the count.
-fn tcp_framing(cfg: &Config, tcp_peers: usize) -> Framing {
-    let auto = if tcp_peers == 1 { 2 } else { 1 };
-    Framing {
-        lanes: cfg.tcp_sockets.unwrap_or(auto).clamp(1, MAX_LANES),
-        chunk: cfg.tcp_chunk,
-    }
-}
-
-/// What a dialling rank says after the token on each socket it opens to a
-/// peer: its rank, which lane (socket) of the pair this is, and the pair's
-/// framing. On the wire (8 bytes after the 16-byte token): rank (u32, little
-/// endian), lane (u8), lanes (u8), log2 of the frame size (u8), and 1 for
-/// the pair's point-to-point socket (its lane then 0), else 0.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Hello {
-    rank: usize,
-    lane: usize,
-    framing: Framing,
-    /// The socket of the point-to-point channel, not a lane.
-    p2p: bool,
-}
-
-impl Hello {
-    fn encode(&self) -> [u8; 8] {
-        let mut b = [0u8; 8];
-        b[..4].copy_from_slice(&(self.rank as u32).to_le_bytes());
-        b[4] = self.lane as u8;
-        b[5] = self.framing.lanes as u8;
-        b[6] = self.framing.chunk.trailing_zeros() as u8;
-        b[7] = u8::from(self.p2p);
-        b
-    }
-
-    /// Decodes and validates the 8 bytes after the token.
-    fn decode(b: &[u8; 8]) -> Option<Hello> {
-        let rank = u32::from_le_bytes(b[..4].try_into().expect("4 bytes")) as usize;
-        let (lane, lanes, log2) = (b[4] as usize, b[5] as usize, b[6] as u32);
-        if lanes == 0
-            || lanes > MAX_LANES
-            || lane >= lanes
-            || !(12..=26).contains(&log2)
-            || b[7] > 1
-            || (b[7] == 1 && lane != 0)
-        {
-            return None;
-        }
-        Some(Hello {
-            rank,
-            lane,
-            framing: Framing {
-                lanes,
-                chunk: 1 << log2,
-            },
-            p2p: b[7] == 1,
-        })
-    }
-}
-
-fn dial(
-    addr: SocketAddr,
-    token: [u8; 16],
-    hello: &Hello,
-    deadline: Instant,
-) -> std::io::Result<TcpStream> {
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match TcpStream::connect_timeout(
-            &addr,
-            left.max(Duration::from_millis(10))
-                .min(Duration::from_secs(2)),
-        ) {
-            Ok(mut s) => {
-                let mut msg = [0u8; 24];
-                msg[..16].copy_from_slice(&token);
-                msg[16..].copy_from_slice(&hello.encode());
-                s.write_all(&msg)?;
-                return Ok(s);
-            }
-            Err(e) if Instant::now() < deadline => {
-                tracing::debug!("dial {addr}: {e}; retrying");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// A connection whose hello has not fully arrived yet.
-struct Pending {
-    sock: TcpStream,
-    from: SocketAddr,
-    since: Instant,
-    hello: [u8; 24],
-    got: usize,
-}
-
-/// Accepts the expected ranks' connections (every lane of each). Hellos
-/// are read without blocking, each connection with its own 2-second
-/// allowance, so a slow or silent stranger cannot hold up the ranks behind
-/// it.
-fn accept_peers(
-    l: &TcpListener,
-    token: [u8; 16],
-    expect: &[usize],
-    links: &mut [Option<Link>],
-    p2p_links: &mut [Option<Link>],
-    deadline: Instant,
-) -> std::result::Result<(), String> {
-    let mut missing: Vec<usize> = expect.to_vec();
-    let mut pending: Vec<Pending> = Vec::new();
-    // Sockets arrived so far, per rank: the framing its first socket
-    // announced, the sockets by lane, and the point-to-point socket.
-    type Partial = (Framing, Vec<Option<TcpStream>>, Option<TcpStream>);
-    let mut partial: HashMap<usize, Partial> = HashMap::new();
-    l.set_nonblocking(true).map_err(|e| e.to_string())?;
-    while !missing.is_empty() {
-        if Instant::now() >= deadline {
-            return Err(format!("timed out waiting for rank(s) {missing:?} to connect; are they running and able to reach this host?"));
-        }
-        let mut busy = false;
-        match l.accept() {
-            Ok((sock, from)) => {
-                busy = true;
-                if sock.set_nonblocking(true).is_ok() && pending.len() < 1024 {
-                    pending.push(Pending {
-                        sock,
-                        from,
-                        since: Instant::now(),
-                        hello: [0; 24],
-                        got: 0,
-                    });
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(format!("accept failed: {e}")),
-        }
-        let mut i = 0;
-        while i < pending.len() {
-            let p = &mut pending[i];
-            let r = p.sock.read(&mut p.hello[p.got..]);
-            let mut drop_it = None;
-            match r {
-                Ok(0) => drop_it = Some("closed before its hello".to_string()),
-                Ok(k) => {
-                    busy = true;
-                    p.got += k;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => drop_it = Some(e.to_string()),
-            }
-            if drop_it.is_none() && p.got == 24 {
-                let p = pending.swap_remove(i);
-                if p.hello[..16] != token {
-                    tracing::warn!(
-                        "tutti: dropped a connection from {}: wrong auth token",
-                        p.from
-                    );
-                    continue;
-                }
-                let Some(h) = Hello::decode(p.hello[16..].try_into().expect("8 bytes")) else {
-                    tracing::warn!(
-                        "tutti: dropped a connection from {}: malformed hello",
-                        p.from
-                    );
-                    continue;
-                };
-                let q = h.rank;
-                if !missing.contains(&q) {
-                    tracing::warn!(
-                        "tutti: dropped a connection from {} claiming unexpected rank {q}",
-                        p.from
-                    );
-                    continue;
-                }
-                let (framing, socks, p2p) = partial.entry(q).or_insert_with(|| {
-                    (
-                        h.framing,
-                        (0..h.framing.lanes).map(|_| None).collect(),
-                        None,
-                    )
-                });
-                let slot = if h.p2p { &mut *p2p } else { &mut socks[h.lane] };
-                if *framing != h.framing || slot.is_some() {
-                    tracing::warn!(
-                        "tutti: dropped a connection from {} claiming rank {q}: its lane {} of {} (p2p: {}) does not fit the lanes already connected",
-                        p.from, h.lane, h.framing.lanes, h.p2p
-                    );
-                    continue;
-                }
-                *slot = Some(p.sock);
-                if p2p.is_some() && socks.iter().all(|s| s.is_some()) {
-                    let (framing, socks, p2p) = partial.remove(&q).expect("present");
-                    let socks: Vec<TcpStream> = socks.into_iter().flatten().collect();
-                    let p2p = p2p.expect("checked above");
-                    missing.retain(|&m| m != q);
-                    links[q] = Some(Link::Tcp(
-                        TcpLink::new(socks, q, framing.chunk).map_err(|e| e.to_string())?,
-                    ));
-                    p2p_links[q] = Some(Link::Tcp(
-                        TcpLink::new(vec![p2p], q, framing.chunk).map_err(|e| e.to_string())?,
-                    ));
-                }
-                continue;
-            }
-            if drop_it.is_none() && p.since.elapsed() > Duration::from_secs(2) {
-                drop_it = Some("hello too slow".into());
-            }
-            if let Some(why) = drop_it {
-                tracing::warn!(
-                    "tutti: dropped a connection from {}: {why}",
-                    pending[i].from
-                );
-                pending.swap_remove(i);
-                continue;
-            }
-            i += 1;
-        }
-        if !busy {
-            // Until a connection or a hello arrives (bounded, for the checks above).
-            use std::os::fd::AsRawFd;
-            let mut fds: Vec<_> = pending.iter().map(|p| p.sock.as_raw_fd()).collect();
-            fds.push(l.as_raw_fd());
-            sys::wait_readable(&fds, Duration::from_millis(10));
-        }
-    }
-    Ok(())
-}
-
-fn shm_path(name: &str) -> String {
-    format!("/dev/shm{name}")
-}
-
-fn create_segment(name: &str, layout: Layout) -> Result<(Arc<Segment>, String)> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = shm_path(name);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| Error::io(format!("creating {path}"), e))?;
-    f.set_len(layout.total as u64).map_err(|e| {
-        Error::io(
-            format!(
-                "sizing {path} to {} bytes (is /dev/shm big enough?)",
-                layout.total
-            ),
-            e,
-        )
-    })?;
-    let seg = Segment::map(f.as_raw_fd(), layout, true);
-    if seg.is_err() {
-        let _ = std::fs::remove_file(&path);
-    }
-    Ok((seg?, path))
-}
-
-fn open_segment(name: &str, layout: Layout) -> Result<Arc<Segment>> {
-    use std::os::fd::AsRawFd;
-    let path = shm_path(name);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| Error::io(format!("opening {path}"), e))?;
-    Segment::map(f.as_raw_fd(), layout, false)
 }
 
 #[cfg(test)]

@@ -4,18 +4,20 @@
 //! peer form two FIFO queues (the order in the schedule); only the head of a
 //! queue moves, and it moves as far as the link lets it without blocking. A
 //! fused step forwards the bytes it has received so far. When nothing moves,
-//! the executor spins briefly, yields, then sleeps: on the futex of its
-//! shared-memory doorbell, or in `poll()` on its TCP sockets. Every sleep is
-//! bounded, so abort, peer death and the op's deadline are noticed promptly.
+//! the executor waits as every wait does ([`crate::transport::wait`]): it
+//! polls, checks abort, the deadline and its peers' liveness, and sleeps a
+//! bounded while the way its links say (on its doorbell, or in `poll()` on
+//! its TCP sockets).
 
 use crate::algo::{Buf, Loc, Schedule, Step};
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::transport::mailbox::Mailbox;
-use crate::transport::shm::{self, Doorbell};
-use crate::transport::{sys, Backoff, Link, RecvMsg, SendMsg, StepCx};
+use crate::transport::shm::Doorbell;
+use crate::transport::wait::{self, Backoff, Ended, Waiter, Watch};
+use crate::transport::{Link, RecvMsg, SendMsg, StepCx};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 /// The three buffers of an op, as raw byte ranges.
@@ -234,15 +236,13 @@ fn run(
     let mut remaining = k;
     let mut first_unstarted = 0usize;
     let mut backoff = Backoff::new(env.spin);
-    let mut last_liveness: Option<Instant> = None;
-    let has_tcp = pad
-        .peers
-        .iter()
-        .any(|&q| matches!(env.links[q], Some(Link::Tcp(_))));
-    let has_ring = pad
-        .peers
-        .iter()
-        .any(|&q| matches!(env.links[q], Some(Link::Ring(..))));
+    let mut watch = Watch::new(env.abort, env.timeout, LIVENESS_EVERY);
+    let mut waiter = Waiter::new();
+    for &q in &pad.peers {
+        if let Some(l) = &env.links[q] {
+            waiter.add(l);
+        }
+    }
     loop {
         let mut moved = start_ready(
             sched,
@@ -265,18 +265,12 @@ fn run(
             continue;
         }
         // Nothing moves: check the world, then sleep a bounded while.
-        if env.abort.load(Ordering::Relaxed) {
-            return Err(Error::Aborted);
-        }
-        let now = Instant::now();
-        let deadline = *env
-            .deadline
-            .get_or_insert(crate::config::deadline_after(now, env.timeout));
-        if now >= deadline {
-            return Err(timeout_error(env, pad));
-        }
-        if last_liveness.is_none_or(|t| now.duration_since(t) > Duration::from_millis(50)) {
-            last_liveness = Some(now);
+        let checked = match watch.check(&mut env.deadline) {
+            Ok(c) => c,
+            Err(Ended::Aborted) => return Err(Error::Aborted),
+            Err(Ended::Deadline) => return Err(timeout_error(env, pad)),
+        };
+        if checked.liveness {
             check_liveness(env, pad)?;
             for q in pending_peers(pad) {
                 if !pad.recvq[q].is_empty() {
@@ -286,36 +280,33 @@ fn run(
                 }
             }
         }
-        let nap = (deadline - now).min(Duration::from_millis(20));
-        if has_tcp {
-            let nap = if has_ring {
-                Duration::from_micros(200)
-            } else {
-                nap
-            };
-            poll_sockets(env, pad, nap);
-        } else if let Some(bell) = env.bell {
-            let mut found = false;
-            let mut err = None;
-            shm::sleep_on(bell, nap, || {
-                match progress(sched, env, pad, &mut remaining) {
-                    Ok(m) => found = m,
-                    Err(e) => err = Some(e),
-                }
-                !found && err.is_none()
-            });
-            if let Some(e) = err {
-                return Err(e);
+        let mut fds = std::mem::take(&mut pad.fds);
+        if waiter.polls() {
+            pollfds(env, pad, &mut fds);
+        }
+        let (mut found, mut err) = (false, None);
+        waiter.sleep(checked.nap, env.bell, &mut fds, || {
+            match progress(sched, env, pad, &mut remaining) {
+                Ok(m) => found = m,
+                Err(e) => err = Some(e),
             }
-            if remaining == 0 {
-                return Ok(());
-            }
-            if found {
-                backoff.reset();
-            }
+            !found && err.is_none()
+        });
+        pad.fds = fds;
+        if let Some(e) = err {
+            return Err(e);
+        }
+        if remaining == 0 {
+            return Ok(());
+        }
+        if found {
+            backoff.reset();
         }
     }
 }
+
+/// How often a waiting op checks that its peers are alive.
+const LIVENESS_EVERY: Duration = Duration::from_millis(50);
 
 /// Starts every step whose dependencies are done; runs local steps at once.
 fn start_ready(
@@ -497,7 +488,7 @@ fn start_chain(
     let over_rings = chain.clone().all(|j| {
         sched.steps[j]
             .recv_peer()
-            .is_none_or(|q| matches!(env.links[q], Some(Link::Ring(..))))
+            .is_none_or(|q| env.links[q].as_ref().is_some_and(Link::honours_limit))
     });
     if !over_rings {
         return Ok(false);
@@ -739,17 +730,13 @@ fn timeout_error(env: &Env<'_>, pad: &Scratchpad) -> Error {
 
 fn check_liveness(env: &Env<'_>, pad: &Scratchpad) -> Result<()> {
     for q in pending_peers(pad) {
-        if env.links[q].as_ref().is_some_and(|l| l.peer_failed()) {
-            return Err(env.cx.lost(q, format!("rank {q} failed or was aborted")));
-        }
-        if let Some(Some(pid)) = env.peer_pids.get(q) {
-            if !sys::process_alive(*pid) {
-                return Err(env.cx.lost(q, format!("process {pid} is gone")));
-            }
+        let link = env.links[q].as_ref();
+        if let Some(why) = wait::peer_lost(q, link, env.peer_pids.get(q).copied().flatten()) {
+            return Err(env.cx.lost(q, why));
         }
         // A peer in a mailbox op this rank has not started, with nothing
         // left for us in its ring, will never send what we wait for.
-        if let (Some(mb), Some(Link::Ring(l, _))) = (env.mailbox, &env.links[q]) {
+        if let (Some(mb), Some(l)) = (env.mailbox, link) {
             if !pad.recvq[q].is_empty() && mb.peer_ahead(q) && l.inbound_empty() {
                 return Err(Error::Mismatch {
                     rank: env.cx.rank,
@@ -767,40 +754,19 @@ fn check_liveness(env: &Env<'_>, pad: &Scratchpad) -> Result<()> {
     Ok(())
 }
 
-fn poll_sockets(env: &Env<'_>, pad: &mut Scratchpad, nap: Duration) {
-    let mut fds = std::mem::take(&mut pad.fds);
+/// The descriptors to sleep on in `poll()`: the head messages' lanes of
+/// every peer (readable lanes for the incoming one, writable lanes only
+/// where the outgoing one has bytes to write: a fused step may still be
+/// waiting for its own input).
+fn pollfds(env: &Env<'_>, pad: &Scratchpad, fds: &mut Vec<libc::pollfd>) {
     fds.clear();
     for &q in &pad.peers {
-        if let Some(Link::Tcp(l)) = &env.links[q] {
-            // Wait for the head messages: readable lanes for the incoming
-            // one, writable lanes only where the outgoing one has bytes to
-            // write (a fused step may still be waiting for its own input).
+        if let Some(l) = &env.links[q] {
             let recv = !pad.recvq[q].is_empty();
             let send = pad.sendq[q]
                 .front()
                 .and_then(|&i| pad.states[i as usize].send.as_ref());
-            l.pollfds(send, recv, &mut fds);
+            l.pollfds(send, recv, fds);
         }
     }
-    if fds.is_empty() {
-        std::thread::sleep(nap.min(Duration::from_millis(1)));
-    } else {
-        // ppoll, not poll: a nap shorter than a millisecond (while
-        // shared-memory peers are waited for too) stays that short.
-        let ts = libc::timespec {
-            tv_sec: nap.as_secs() as libc::time_t,
-            tv_nsec: nap.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: `fds` is a valid array of pollfd and `ts` a valid
-        // timespec for the duration of the call; no signal mask is passed.
-        unsafe {
-            libc::ppoll(
-                fds.as_mut_ptr(),
-                fds.len() as libc::nfds_t,
-                &ts,
-                std::ptr::null(),
-            );
-        }
-    }
-    pad.fds = fds;
 }

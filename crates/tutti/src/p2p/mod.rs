@@ -25,7 +25,8 @@ pub(crate) use progress::StatusCell;
 use crate::engine::Completion;
 use crate::error::Error;
 use crate::transport::shm::{self, Segment};
-use crate::transport::{Backoff, Link};
+use crate::transport::wait::{self, Backoff, Waiter};
+use crate::transport::Link;
 use progress::State;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -214,13 +215,20 @@ impl Drop for P2p {
     }
 }
 
-/// The progress thread: takes posts, moves every link, sleeps when nothing
-/// moves (on the doorbell, or polling sockets), and checks deadlines, peer
-/// liveness and abort while it waits.
+/// The progress thread: takes posts, moves every link, and waits as every
+/// wait does ([`crate::transport::wait`]) when nothing moves: it polls,
+/// checks abort, its ops' deadlines and its peers' liveness, and sleeps
+/// the way its links say (on the doorbell, or polling sockets).
 fn run(shared: Arc<Shared>, s: Setup) {
     let mut st = State::new(s.links, s.pids, s.rank, s.direct_bytes);
     let mut backoff = Backoff::new(s.spin);
-    let has_tcp = st.links().any(|(l, _)| matches!(l, Link::Tcp(_)));
+    // A post rings the doorbell, which a poll does not hear: a waiter that
+    // polls naps briefly.
+    let mut waiter = Waiter::new().with_doorbell();
+    for (l, _) in st.links() {
+        waiter.add(l);
+    }
+    let mut fds = Vec::new();
     loop {
         let posts = {
             let mut q = shared.lock();
@@ -265,52 +273,17 @@ fn run(shared: Arc<Shared>, s: Setup) {
         st.check(now);
         let nap = st
             .next_deadline()
-            .map_or(Duration::from_millis(20), |d| {
-                d.saturating_duration_since(now)
-            })
-            .min(Duration::from_millis(20));
-        if has_tcp {
-            // A post does not wake a poll: nap briefly.
-            poll_sockets(&st, nap.min(Duration::from_micros(200)));
-        } else if let Some((seg, i)) = &shared.bell {
-            shm::sleep_on(seg.bell(*i), nap, || {
-                shared.lock().posts.is_empty() && !st.links().any(|(l, _)| has_message(l))
-            });
-        } else {
-            std::thread::sleep(nap.min(Duration::from_micros(200)));
+            .map_or(wait::MAX_NAP, |d| d.saturating_duration_since(now))
+            .min(wait::MAX_NAP);
+        if waiter.polls() {
+            fds.clear();
+            for (l, send) in st.links() {
+                l.pollfds(send, true, &mut fds);
+            }
         }
-    }
-}
-
-/// Whether a ring link holds unread bytes (sockets are polled instead).
-fn has_message(l: &Link) -> bool {
-    match l {
-        Link::Ring(r, _) => r.has_message(),
-        Link::Tcp(_) | Link::TcpIo(_) => false,
-    }
-}
-
-/// Waits up to `nap` for a socket to become readable (or writable where a
-/// frame waits to go out).
-fn poll_sockets(st: &State, nap: Duration) {
-    let mut fds = Vec::new();
-    for (l, send) in st.links() {
-        if let Link::Tcp(t) = l {
-            t.pollfds(send, true, &mut fds);
-        }
-    }
-    let ts = libc::timespec {
-        tv_sec: nap.as_secs() as libc::time_t,
-        tv_nsec: nap.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: `fds` is a valid array of pollfd and `ts` a valid timespec
-    // for the duration of the call; no signal mask is passed.
-    unsafe {
-        libc::ppoll(
-            fds.as_mut_ptr(),
-            fds.len() as libc::nfds_t,
-            &ts,
-            std::ptr::null(),
-        );
+        let bell = shared.bell.as_ref().map(|(seg, i)| seg.bell(*i));
+        waiter.sleep(nap, bell, &mut fds, || {
+            shared.lock().posts.is_empty() && !st.links().any(|(l, _)| l.has_message())
+        });
     }
 }

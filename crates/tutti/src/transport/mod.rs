@@ -3,8 +3,12 @@
 //! The interface is narrow and non-blocking: the executor hands a link a
 //! [`SendMsg`] or [`RecvMsg`] (a byte range of a buffer that stays valid and
 //! untouched until the message is done) and calls [`Link::send`] /
-//! [`Link::recv`] to make progress; neither ever blocks. Waiting happens in
-//! one place, the executor, with a deadline.
+//! [`Link::recv`] to make progress; neither ever blocks. Every wait keeps
+//! one contract ([`wait`]): poll, check abort, deadline and liveness, then
+//! sleep a bounded while the way the links say ([`Link::sleep`]).
+//!
+//! The transports, each a folder with the same files (`mod.rs`, `link.rs`:
+//! the link type; `connect.rs`: its set-up), listed in [`Link`]:
 //!
 //! * [`shm`]: rings in a shared segment, for ranks on one host (processes),
 //!   or in a heap segment for ranks that are threads of one process (the
@@ -14,15 +18,23 @@
 //!   hosts (or on one host with `TUTTI_TRANSPORT=tcp`); large messages are
 //!   striped over the sockets in frames.
 //!
+//! `sys.rs` holds the system calls, `wait.rs` the waiting contract.
+//!
 //! Every message carries a 16-byte [`Header`] (op sequence number, a tag
 //! fingerprinting the collective and data type, length), so ranks that call
 //! different collectives get an [`Error::Mismatch`] instead of mixed data.
 
-pub(crate) mod mailbox;
 pub(crate) mod shm;
 pub(crate) mod sys;
 pub(crate) mod tcp;
-pub(crate) mod tcp_io;
+pub(crate) mod wait;
+
+/// The mailboxes live with the segment they use (`shm/mailbox.rs`); this
+/// is their old path.
+pub(crate) use shm::mailbox;
+/// The TCP I/O thread lives in the tcp folder (`tcp/io/`); this is its old
+/// path.
+pub(crate) use tcp::io as tcp_io;
 
 use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, ReduceOp};
@@ -76,96 +88,6 @@ impl std::fmt::Display for TransportKind {
     }
 }
 
-/// The polling policy of every waiting loop (executor, mailboxes, TCP I/O
-/// thread): poll, spinning (or yielding the core when ranks outnumber
-/// cores) for the first rounds and then for `spin_for`, reading the clock
-/// only every 64 rounds after the first 256, so that a wait that ends
-/// quickly never pays for it; then the caller checks the world (abort,
-/// deadline, liveness) and sleeps a bounded while.
-///
-/// Once the spin time has run out, the wait is one that spinning does not
-/// shorten (the data comes at the network's pace, or from a peer that is
-/// not running): from then on every idle spell, after a sleep or after
-/// something moved, polls only [`SPENT_ROUNDS`] rounds before sleeping
-/// again, until [`Backoff::restore`] (or a new `Backoff`, one per op). A
-/// stream of TCP frames then costs a wake-up per burst, not a core: on 2
-/// namespace hosts x 4 ranks sharing 2 cores, a 16 MiB AllToAll over
-/// 1 Gbit/s links kept the cores 80-95% busy (mostly in system calls
-/// that found nothing), and 23-32% after, at the same speed.
-pub(crate) struct Backoff {
-    idle: u32,
-    since: Option<std::time::Instant>,
-    spin_for: std::time::Duration,
-    yield_while_polling: bool,
-    spent: bool,
-}
-
-/// Rounds an idle spell polls before sleeping once the spin time of the
-/// wait has run out.
-const SPENT_ROUNDS: u32 = 8;
-
-impl Backoff {
-    /// A fresh policy: `spin` is (how long to poll, whether to yield).
-    pub(crate) fn new(spin: (std::time::Duration, bool)) -> Self {
-        Backoff {
-            idle: 0,
-            since: None,
-            spin_for: spin.0,
-            yield_while_polling: spin.1,
-            spent: false,
-        }
-    }
-
-    /// Something moved, or a sleep woke with work to do: poll afresh (a
-    /// few rounds only, once the spin time has run out).
-    #[inline]
-    pub(crate) fn reset(&mut self) {
-        self.idle = 0;
-        self.since = None;
-    }
-
-    /// A new wait begins (a long-lived loop, between ops): the full spin
-    /// time again.
-    #[inline]
-    pub(crate) fn restore(&mut self) {
-        self.idle = 0;
-        self.since = None;
-        self.spent = false;
-    }
-
-    /// Idle rounds since the last reset.
-    #[inline]
-    pub(crate) fn rounds(&self) -> u32 {
-        self.idle
-    }
-
-    /// One idle round. While polling goes on it spins or yields and returns
-    /// true; false means: check the world and sleep.
-    #[inline]
-    pub(crate) fn keep_polling(&mut self) -> bool {
-        self.idle += 1;
-        let polling = if self.spent {
-            self.idle < SPENT_ROUNDS
-        } else {
-            self.idle < 256
-                || !self.idle.is_multiple_of(64)
-                || self
-                    .since
-                    .get_or_insert_with(std::time::Instant::now)
-                    .elapsed()
-                    < self.spin_for
-        };
-        if !polling {
-            self.spent = true;
-        } else if self.yield_while_polling && self.idle > 8 {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
-        polling
-    }
-}
-
 /// A connection to one peer.
 pub(crate) enum Link {
     /// Shared-memory rings (shm or local).
@@ -173,7 +95,7 @@ pub(crate) enum Link {
     /// TCP sockets driven by the executor.
     Tcp(tcp::TcpLink),
     /// TCP sockets driven by the connection set's I/O thread.
-    TcpIo(tcp_io::IoLink),
+    TcpIo(tcp::IoLink),
 }
 
 impl Link {
@@ -213,6 +135,52 @@ impl Link {
             // The I/O thread probes by itself.
             Link::TcpIo(_) | Link::Ring(..) => Ok(()),
         }
+    }
+
+    /// How the owner of this link sleeps until it may move.
+    #[inline]
+    pub(crate) fn sleep(&self) -> wait::Sleep {
+        match self {
+            Link::Tcp(_) => wait::Sleep::Poll,
+            // The I/O thread rings the doorbell after it moved something.
+            Link::Ring(..) | Link::TcpIo(_) => wait::Sleep::Doorbell,
+        }
+    }
+
+    /// Adds to `out` the descriptors (and events) to wait on while `send`
+    /// (the head outgoing message, if started) and the head incoming message
+    /// (`recv`: whether there is one) cannot move; none for a link that
+    /// sleeps on the doorbell.
+    pub(crate) fn pollfds(&self, send: Option<&SendMsg>, recv: bool, out: &mut Vec<libc::pollfd>) {
+        if let Link::Tcp(l) = self {
+            l.pollfds(send, recv, out);
+        }
+    }
+
+    /// True if a message from the peer has arrived that this side has not
+    /// started on; false where only reading would tell (sockets).
+    #[inline]
+    pub(crate) fn has_message(&self) -> bool {
+        match self {
+            Link::Ring(l, _) => l.has_message(),
+            Link::Tcp(_) | Link::TcpIo(_) => false,
+        }
+    }
+
+    /// True if no unread byte from the peer is waiting; false where only
+    /// reading would tell (sockets).
+    pub(crate) fn inbound_empty(&self) -> bool {
+        match self {
+            Link::Ring(l, _) => l.inbound_empty(),
+            Link::Tcp(_) | Link::TcpIo(_) => false,
+        }
+    }
+
+    /// Whether the link delivers a message no further than its
+    /// [`RecvMsg::limit`] (the rings do; reduction chains run only over
+    /// such links).
+    pub(crate) fn honours_limit(&self) -> bool {
+        matches!(self, Link::Ring(..))
     }
 
     /// After a failed op: ensures the peer no longer reads `m`'s buffer.

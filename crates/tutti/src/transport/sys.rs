@@ -165,6 +165,26 @@ pub(crate) fn wait_readable(fds: &[std::os::fd::RawFd], timeout: Duration) {
     };
 }
 
+/// Sleeps until one of `fds` is ready as asked, or at most `timeout` (a
+/// `ppoll()`, so that a timeout under a millisecond stays that short).
+pub(crate) fn ppoll(fds: &mut [libc::pollfd], timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `fds` is a valid array of pollfd and `ts` a valid timespec
+    // for the duration of the call; no signal mask is passed. Errors
+    // (EINTR) only end the wait early.
+    unsafe {
+        libc::ppoll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        );
+    }
+}
+
 /// The machine's online CPUs. Not `available_parallelism`, which counts
 /// this process's affinity mask: a rank bound to one core would conclude
 /// that its peers (bound to the others) share that core with it.

@@ -31,13 +31,15 @@
 //! Headers a rank did not need are still checked against its own calls, as
 //! soon as it reads a later header of the same peer.
 //!
-//! **Waiting** follows the rings' rules: spin, then yield or sleep on the
-//! segment's futex doorbell, checking abort, the deadline and the peers'
-//! liveness while asleep. A writer wakes sleeping peers after publishing.
+//! **Waiting** keeps the contract of every wait ([`transport::wait`]):
+//! spin, then yield or sleep on the segment's futex doorbell, checking
+//! abort, the deadline and the peers' liveness while asleep. A writer wakes
+//! sleeping peers after publishing.
 
-use super::shm::{self, Segment};
-use super::{sys, Link};
+use super::{self as shm, Segment};
 use crate::error::{Error, Result};
+use crate::transport::wait::{Backoff, Ended, Watch};
+use crate::transport::{self, sys, Link};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,9 +50,11 @@ pub(crate) const MBOX_BYTES: usize = 32 << 10;
 /// Slots per rank: how far a writer may run ahead of its readers, plus one.
 pub(crate) const SLOTS: usize = 16;
 /// Polls of a peer's header before a receive takes the slow path (which
-/// polls on, then yields or sleeps): as many as [`super::Backoff`] spins
+/// polls on, then yields or sleeps): as many as [`Backoff`] spins
 /// before an oversubscribed rank yields.
 const INLINE_POLLS: usize = 8;
+/// How often a waiting mailbox op checks on its peers.
+const LIVENESS_EVERY: Duration = Duration::from_millis(20);
 /// The most cache lines of a slot that the prefetches touch (2 KiB).
 const PREFETCH_LINES: usize = 32;
 /// Bytes of a slot's header (`seq`, `meta`).
@@ -238,11 +242,11 @@ impl Mailbox {
                 seq: w.op_seq,
                 msg: format!(
                     "in {which}, this rank runs {} with {oc} elements ({}), rank {q} runs {} with {tc} elements ({}); {}",
-                    super::tag_name(ot),
-                    super::describe_tag(ot),
-                    super::tag_name(tt),
-                    super::describe_tag(tt),
-                    super::SAME_CALLS,
+                    transport::tag_name(ot),
+                    transport::describe_tag(ot),
+                    transport::tag_name(tt),
+                    transport::describe_tag(tt),
+                    transport::SAME_CALLS,
                 ),
             });
         }
@@ -459,8 +463,8 @@ impl Mailbox {
 
     /// Waits until `q` has published op `s`, then checks its header.
     fn wait_for(&mut self, q: usize, s: u64, w: &mut Waiting<'_>) -> Result<()> {
-        let mut backoff = super::Backoff::new(w.spin);
-        let mut last_check: Option<Instant> = None;
+        let mut backoff = Backoff::new(w.spin);
+        let mut watch = Watch::new(w.abort, w.timeout, LIVENESS_EVERY);
         loop {
             if self.arrived(q, s) {
                 return self.check_meta(q, s, w);
@@ -472,31 +476,27 @@ impl Mailbox {
             if backoff.keep_polling() {
                 continue;
             }
-            if w.abort.load(Ordering::Relaxed) {
-                return Err(Error::Aborted);
-            }
-            let now = Instant::now();
-            let deadline = *w
-                .deadline
-                .get_or_insert(crate::config::deadline_after(now, w.timeout));
-            if now >= deadline {
-                let waiting_for = (0..self.slots.len())
-                    .filter(|&p| p != self.me && !self.arrived(p, s))
-                    .collect();
-                return Err(Error::Timeout {
-                    op: w.op_name.to_string(),
-                    seq: w.op_seq,
-                    rank: self.me,
-                    waiting_for,
-                    after: w.timeout,
-                });
-            }
-            if last_check.is_none_or(|t| now.duration_since(t) > Duration::from_millis(20)) {
-                last_check = Some(now);
+            let checked = match watch.check(&mut w.deadline) {
+                Ok(c) => c,
+                Err(Ended::Aborted) => return Err(Error::Aborted),
+                Err(Ended::Deadline) => {
+                    let waiting_for = (0..self.slots.len())
+                        .filter(|&p| p != self.me && !self.arrived(p, s))
+                        .collect();
+                    return Err(Error::Timeout {
+                        op: w.op_name.to_string(),
+                        seq: w.op_seq,
+                        rank: self.me,
+                        waiting_for,
+                        after: w.timeout,
+                    });
+                }
+            };
+            if checked.liveness {
                 self.check_peer(q, w)?;
             }
-            let nap = (deadline - now).min(Duration::from_millis(20));
-            shm::sleep_on(self.bell(self.me), nap, || !self.arrived(q, s));
+            // The mailboxes are the segment's: their waits sleep on the doorbell.
+            shm::sleep_on(self.bell(self.me), checked.nap, || !self.arrived(q, s));
         }
     }
 
@@ -517,9 +517,9 @@ impl Mailbox {
                         msg: format!(
                             "this rank runs {} in one shot, rank {q} sent it a message of {} ({}); {}",
                             w.op_name,
-                            super::tag_name(h.tag),
-                            super::describe_tag(h.tag),
-                            super::SAME_CALLS,
+                            transport::tag_name(h.tag),
+                            transport::describe_tag(h.tag),
+                            transport::SAME_CALLS,
                         ),
                     });
                 }
@@ -582,17 +582,17 @@ impl Mailbox {
         for (q, l) in w.links.iter().enumerate() {
             let Some(Link::Ring(l, _)) = l else { continue };
             let Some(h) = l.peek_header() else { continue };
-            if h.seq != super::P2P_SEQ && (h.seq.wrapping_sub(w.coll_seq) as i32) < 0 {
+            if h.seq != transport::P2P_SEQ && (h.seq.wrapping_sub(w.coll_seq) as i32) < 0 {
                 return Err(Error::Mismatch {
                     rank: self.me,
                     peer: q,
                     seq: w.op_seq,
                     msg: format!(
                         "rank {q} sent a message of {} ({}, collective #{}) that this rank never received: the ranks disagreed on an earlier call; {}",
-                        super::tag_name(h.tag),
-                        super::describe_tag(h.tag),
+                        transport::tag_name(h.tag),
+                        transport::describe_tag(h.tag),
                         h.seq,
-                        super::SAME_CALLS,
+                        transport::SAME_CALLS,
                     ),
                 });
             }
