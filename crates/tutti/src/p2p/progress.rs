@@ -14,7 +14,7 @@ use super::wire::{Ctrl, Kind, CTRL_BYTES};
 use super::{Post, PostKind, RecvStatus};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
-use crate::transport::{make_tag, sys, Link, RecvMsg, SendMsg, StepCx, P2P_SEQ};
+use crate::transport::{make_tag, Link, RecvMsg, SendMsg, StepCx, P2P_SEQ};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -631,13 +631,7 @@ impl State {
             if p.broken.is_some() || !waited_on {
                 continue;
             }
-            let why = if p.link.as_ref().is_some_and(|l| l.peer_failed()) {
-                Some(format!("rank {q} failed or was aborted"))
-            } else {
-                p.pid
-                    .filter(|&pid| !sys::process_alive(pid))
-                    .map(|pid| format!("process {pid} is gone"))
-            };
+            let why = crate::transport::wait::peer_lost(q, p.link.as_ref(), p.pid);
             if let Some(msg) = why {
                 let e = Error::PeerLost {
                     rank: self.rank,
