@@ -1,5 +1,6 @@
 //! The public face: [`Communicator`].
 
+mod calibrate;
 mod ops;
 mod p2p;
 mod shrink;
@@ -336,7 +337,7 @@ impl Communicator {
             ip: Some(j.ip),
             rescue: rescue.map(|l| (l, peer_addrs)),
         };
-        let model = crate::tune::calibrate::calibrate(&comm, &key)?;
+        let model = calibrate::calibrate(&comm, &key)?;
         comm.engine.with_core(|c| {
             c.tune.model = model;
             c.forget_decisions();
