@@ -39,6 +39,7 @@ pub mod error;
 pub mod fuzzing;
 mod p2p;
 pub mod reduce;
+mod sizes;
 pub mod topo;
 pub(crate) mod transport;
 pub mod tune;

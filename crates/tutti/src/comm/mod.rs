@@ -1,35 +1,24 @@
 //! The public face: [`Communicator`].
 
-pub(crate) mod ops;
+mod calibrate;
+mod ops;
 mod p2p;
 mod shrink;
 mod split;
 mod work;
 
-pub use ops::RawCall;
+pub use crate::engine::{Options, RawCall};
 pub use p2p::{P2pHandle, P2pOp, RawP2p, Received};
-pub(crate) use shrink::drain as drain_listener;
 pub use work::Work;
 
-use crate::algo::Algorithm;
 use crate::bootstrap::{self, store::StoreClient, store::StoreServer, UniqueId};
 use crate::config::Config;
-use crate::engine::{Core, Engine};
+use crate::engine::{keep_rescue, Core, Engine};
 use crate::error::{Error, Result};
 use crate::topo::Topology;
 use crate::transport::shm::{DirectRead, RingLink, Segment, P2P_CHANNEL};
 use crate::transport::{Link, TransportKind};
 use std::sync::Mutex;
-use std::time::Duration;
-
-/// Per-call options.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Options {
-    /// Force an algorithm for this call (`None`: the tuner or `TUTTI_ALGO` decides).
-    pub algorithm: Option<Algorithm>,
-    /// Deadline for this call (`None`: the communicator's, `TUTTI_TIMEOUT`).
-    pub timeout: Option<Duration>,
-}
 
 /// A group of ranks that run collectives together.
 ///
@@ -83,16 +72,6 @@ impl std::fmt::Debug for Communicator {
             .field("local_rank", &self.local_rank())
             .field("local_size", &self.local_size())
             .finish()
-    }
-}
-
-/// Hands the core a handle on the recovery listener (so it can drain it)
-/// and gives the listener a long queue.
-pub(crate) fn keep_rescue(core: &mut Core, l: Option<&std::net::TcpListener>) {
-    if let Some(l) = l {
-        let _ = socket2::SockRef::from(l).listen(4096);
-        let _ = l.set_nonblocking(true);
-        core.rescue = l.try_clone().ok();
     }
 }
 
@@ -358,7 +337,7 @@ impl Communicator {
             ip: Some(j.ip),
             rescue: rescue.map(|l| (l, peer_addrs)),
         };
-        let model = crate::tune::calibrate::calibrate(&comm, &key)?;
+        let model = calibrate::calibrate(&comm, &key)?;
         comm.engine.with_core(|c| {
             c.tune.model = model;
             c.forget_decisions();
@@ -408,7 +387,7 @@ impl Communicator {
     /// The host index of every rank, as the engine puts it in every
     /// [`Problem`](crate::algo::Problem) it schedules: `Some` only when the
     /// ranks span several hosts (and are not threads of one process), which
-    /// is when [`Algorithm::Hierarchical`] can build.
+    /// is when [`Algorithm::Hierarchical`](crate::Algorithm::Hierarchical) can build.
     pub fn hosts(&self) -> Option<std::sync::Arc<[usize]>> {
         self.engine.with_core(|c| c.tune.hosts())
     }

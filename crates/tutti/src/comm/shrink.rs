@@ -114,7 +114,7 @@ impl Communicator {
             conn.io,
         );
         core.tune = super::tune_ctx(&conn.topo, &self.config, false);
-        super::keep_rescue(&mut core, conn.rescue.as_ref());
+        crate::engine::keep_rescue(&mut core, conn.rescue.as_ref());
         let (engine, p2p) = super::start(
             core,
             conn.p2p_links,
@@ -157,20 +157,6 @@ impl Communicator {
             .filter(|&(r, a)| r != me && !answers(*a))
             .map(|(r, _)| r)
             .collect()
-    }
-}
-
-/// Accepts and drops whatever waits on a recovery listener (other ranks'
-/// liveness probes, strangers), so its queue never fills and a live rank
-/// never looks dead. Only a healthy communicator drains (between ops): a
-/// failed one keeps its queue for the survivors' recovery store.
-pub(crate) fn drain(l: &std::net::TcpListener) {
-    if l.set_nonblocking(true).is_ok() {
-        for _ in 0..4096 {
-            if l.accept().is_err() {
-                break;
-            }
-        }
     }
 }
 

@@ -114,7 +114,7 @@ impl Communicator {
             conn.io,
         );
         core.tune = super::tune_ctx(&conn.topo, &self.config, false);
-        super::keep_rescue(&mut core, conn.rescue.as_ref());
+        crate::engine::keep_rescue(&mut core, conn.rescue.as_ref());
         let rescue = conn.rescue.map(|l| (l, conn.peer_addrs));
         let (engine, p2p) = super::start(
             core,

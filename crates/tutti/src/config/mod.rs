@@ -6,10 +6,11 @@
 //! rest takes what it needs from a [`Config`] or an
 //! [`EnvInfo`](launch::EnvInfo).
 
+mod algo_override;
 pub mod launch;
 
 use crate::error::{Error, Result};
-use crate::tune::AlgoOverride;
+pub use algo_override::AlgoOverride;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -4,24 +4,27 @@
 //! caches schedules, and poisons the communicator after a failure so that
 //! every later op fails fast with the same error.
 //!
-//! Each concern has its room: this file holds the call ([`OpCall`]), the
-//! core's state and an op's run, and the [`Engine`] that hands out tickets;
-//! `turns` orders ops (tickets, turns, completions); `plan` caches plans
+//! Each concern has its room: `call` holds the untyped call ([`RawCall`],
+//! [`Options`]) and its check, which makes it an [`OpCall`]; this file
+//! holds the op, the core's state and an op's run, and the [`Engine`] that
+//! hands out tickets; `turns` orders ops (tickets, turns, completions);
+//! `rescue` keeps the recovery listener drained; `plan` caches plans
 //! and runs a schedule through `executor`; `oneshot` runs small calls
 //! through the mailboxes, and `repeat` lets a call that repeats the last
 //! one skip the checks and the tuner; `online` is online tuning's glue;
 //! `recorder` is the flight recorder.
 
+mod call;
 pub(crate) mod executor;
 pub(crate) mod oneshot;
 mod online;
 mod plan;
 pub mod recorder;
 mod repeat;
+mod rescue;
 mod turns;
 
 use crate::algo::{Algorithm, Collective, Problem, VCounts};
-use crate::comm::{Options, RawCall};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::reduce::{self, DataType, ReduceOp};
@@ -29,10 +32,12 @@ use crate::transport::mailbox::Mailbox;
 use crate::transport::shm::Doorbell;
 use crate::transport::tcp_io::IoSet;
 use crate::transport::Link;
+pub use call::{Options, RawCall};
 use executor::Scratchpad;
 use online::{shape_of, Shape, ShapeKey};
 use plan::{op_tag, Planned};
 use repeat::Repeat;
+pub(crate) use rescue::keep_rescue;
 use rustc_hash::FxHashMap;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,12 +48,7 @@ use std::time::{Duration, Instant};
 pub(crate) use turns::Completion;
 use turns::{Job, Turns};
 
-/// How often a busy communicator drains its recovery listener. A probe
-/// waits in the listener's queue (and counts as an answer) until then; the
-/// queue holds far more than one probe per rank per drain.
-const DRAIN_EVERY: Duration = Duration::from_millis(100);
-
-/// One collective call, with raw buffers (the comm layer checked them).
+/// One collective call, with raw buffers (checked by [`Engine::check`]).
 pub(crate) struct OpCall {
     pub coll: Collective,
     pub dtype: DataType,
@@ -114,8 +114,8 @@ pub(crate) struct Core {
     shapes: FxHashMap<ShapeKey, Shape>,
     /// One-shot mailboxes, when every peer shares this rank's segment.
     mailbox: Option<Mailbox>,
-    /// The last blocking call that went through the mailboxes, as the comm
-    /// layer passed it: a call that repeats it skips the checks and the
+    /// The last blocking call that went through the mailboxes, as its
+    /// caller passed it: a call that repeats it skips the checks and the
     /// tuner ([`Engine::run_raw`]).
     repeat: Option<Repeat>,
     /// Whether the last op ran through the mailboxes.
@@ -130,7 +130,7 @@ pub(crate) struct Core {
     /// When the recovery listener is next drained. A drain costs a
     /// non-blocking `accept` (a few microseconds: the kernel builds a socket
     /// before it finds the queue empty), so it runs at most every
-    /// [`DRAIN_EVERY`], not every so many ops: at 64 ops it was a third of
+    /// [`DRAIN_EVERY`](rescue::DRAIN_EVERY), not every so many ops: at 64 ops it was a third of
     /// an 8-byte broadcast's time.
     rescue_due: Instant,
     /// The last ops, for diagnosis after a failure.
@@ -258,8 +258,8 @@ impl Core {
             if let Some(l) = &self.rescue {
                 let now = Instant::now();
                 if now >= self.rescue_due {
-                    crate::comm::drain_listener(l);
-                    self.rescue_due = now + DRAIN_EVERY;
+                    rescue::drain(l);
+                    self.rescue_due = now + rescue::DRAIN_EVERY;
                 }
             }
         }
@@ -331,7 +331,7 @@ impl Core {
         match c.coll {
             Collective::AllGather => {
                 let off = self.rank * c.count * esz;
-                // SAFETY: the comm layer checked input_len == count*esz and
+                // SAFETY: the call's check made input_len == count*esz and
                 // output_len == n*count*esz; `copy` tolerates aliasing.
                 unsafe {
                     if !std::ptr::eq(c.input, c.output.add(off)) {
@@ -344,7 +344,7 @@ impl Core {
                 }
             }
             Collective::Broadcast { root } if root == self.rank && c.input != c.output => {
-                // SAFETY: both hold count*esz bytes (checked by the comm layer).
+                // SAFETY: both hold count*esz bytes (checked by `Engine::check`).
                 unsafe { crate::reduce::copy::copy_overlapping(c.input, c.output, c.count * esz) };
             }
             _ => {}
@@ -494,7 +494,7 @@ impl Core {
                 _ => false,
             };
             if finish {
-                // SAFETY: output holds output_len bytes, checked by the comm layer.
+                // SAFETY: output holds output_len bytes, checked by `Engine::check`.
                 let out = unsafe { std::slice::from_raw_parts_mut(c.output, c.output_len) };
                 reduce::scale_avg(c.dtype, out, self.nranks);
             }
@@ -506,6 +506,9 @@ impl Core {
 /// Orders and runs a communicator's ops.
 pub(crate) struct Engine {
     core: Arc<Turns>,
+    /// This rank and the rank count, for checking calls outside a turn.
+    rank: usize,
+    nranks: usize,
     tickets: AtomicU64,
     pub(crate) abort: Arc<AtomicBool>,
     /// The first asynchronous error (shared with the core).
@@ -523,6 +526,8 @@ impl Engine {
         let io = core.io.clone();
         Engine {
             io,
+            rank: core.rank,
+            nranks: core.nranks,
             first_error: core.first_error.clone(),
             bell,
             core: Arc::new(Turns {
@@ -567,17 +572,16 @@ impl Engine {
         r
     }
 
-    /// Runs a call on this thread, after every op issued before it. `check`
-    /// checks `c` against the communicator and makes the op, unless `c`
-    /// repeats the last mailbox call in all but its buffers: a training
-    /// loop's small AllReduce then costs a few compares before its data
-    /// moves, not a check, a tuner lookup and a dispatch.
-    pub(crate) fn run_raw(
-        &self,
-        c: &RawCall,
-        opts: &Options,
-        check: impl FnOnce() -> Result<OpCall>,
-    ) -> Result<()> {
+    /// Runs a call on this thread, after every op issued before it. It is
+    /// checked against the communicator ([`Engine::check`]) and made an op,
+    /// unless `c` repeats the last mailbox call in all but its buffers: a
+    /// training loop's small AllReduce then costs a few compares before
+    /// its data moves, not a check, a tuner lookup and a dispatch.
+    // Inline, as it was while it took the check as a closure (and so was
+    // instantiated beside its caller): the repeat path is a few compares.
+    #[inline]
+    pub(crate) fn run_raw(&self, c: &RawCall, opts: &Options) -> Result<()> {
+        let check = || self.check(c, opts);
         let t = self.tickets.fetch_add(1, Ordering::SeqCst);
         let mut g = match self.core.lock_turn(t, Some(&self.abort)) {
             Ok(g) => g,

@@ -11,25 +11,9 @@ use super::{Core, OpCall};
 use crate::algo::Collective;
 use crate::error::Result;
 use crate::reduce;
+use crate::sizes::contribution;
 use crate::transport::mailbox::{self, Waiting, MBOX_BYTES};
 use std::sync::atomic::AtomicBool;
-
-/// Bytes a rank contributes to `coll` with `bytes` per block on `n` ranks
-/// (what its slot must hold), or `None` for calls mailboxes do not carry.
-pub(crate) fn contribution(coll: Collective, n: usize, bytes: usize) -> Option<usize> {
-    match coll {
-        Collective::AllReduce
-        | Collective::Reduce { .. }
-        | Collective::Broadcast { .. }
-        | Collective::AllGather
-        | Collective::Gather { .. } => Some(bytes),
-        Collective::ReduceScatter | Collective::AllToAll | Collective::Scatter { .. } => {
-            bytes.checked_mul(n)
-        }
-        Collective::Barrier => Some(0),
-        Collective::AllToAllV | Collective::Send { .. } | Collective::Recv { .. } => None,
-    }
-}
 
 /// What a reducing mailbox op combines: kernel, op number, block bytes.
 struct Reduction {

@@ -1,10 +1,10 @@
 //! The mailbox repeat path: a blocking call that repeats the last one that
-//! ran through the mailboxes, in all but its buffers, skips the comm
-//! layer's checks and the tuner ([`Engine::run_raw`](super::Engine::run_raw)).
+//! ran through the mailboxes, in all but its buffers, skips the call's
+//! checks ([`Engine::check`](super::Engine::check)) and the tuner ([`Engine::run_raw`](super::Engine::run_raw)).
 
+use super::call::{input_of, Options, RawCall};
 use super::{recorder, Core, OpCall};
 use crate::algo::{Algorithm, Collective};
-use crate::comm::{Options, RawCall};
 use crate::reduce::{DataType, ReduceOp};
 use std::time::Duration;
 
@@ -48,7 +48,7 @@ impl Repeat {
     }
 
     /// The op for `c` if it repeats this call in all but its buffers and its
-    /// buffers pass the comm layer's checks (`None`: check it in full).
+    /// buffers pass the call's checks (`None`: check it in full).
     #[inline]
     pub(super) fn of(&self, c: &RawCall, opts: &Options) -> Option<OpCall> {
         let in_place = c.coll == Collective::AllReduce && std::ptr::eq(c.send, c.recv);
@@ -62,7 +62,7 @@ impl Repeat {
             && in_place == self.in_place
             && opts.algorithm == self.algorithm
             && opts.timeout == self.timeout;
-        // The comm layer's overlap rule: input and output bytes are the
+        // The check's overlap rule: input and output bytes are the
         // checked lengths (input_len is 0 exactly where no input is read).
         let overlap = !in_place
             && self.input_len > 0
@@ -77,7 +77,7 @@ impl Repeat {
             count: c.count,
             vcounts: None,
             in_place,
-            input: crate::comm::ops::input_of(c),
+            input: input_of(c),
             input_len: self.input_len,
             output: c.recv,
             output_len: self.output_len,

@@ -159,7 +159,7 @@ pub fn predict_mailbox(model: &CostModel, p: &Problem, elem: usize) -> Option<f6
     use crate::algo::Collective as C;
     let n = p.nranks;
     let b = (p.count * elem) as f64;
-    let publish = crate::engine::oneshot::contribution(p.coll, n, p.count * elem)?;
+    let publish = crate::sizes::contribution(p.coll, n, p.count * elem)?;
     if p.vcounts.is_some() || publish > crate::transport::mailbox::MBOX_BYTES {
         return None;
     }
