@@ -24,9 +24,15 @@
 //! Fused steps ([`Step::RecvReduceSend`], [`Step::RecvCopySend`]) forward
 //! bytes to the next rank as soon as they have been received (and reduced),
 //! so a ring step is one pass over memory and a chain pipelines on its own.
+//!
+//! Everything a collective does to the data is in its schedule: besides
+//! the algorithm's own steps, the [`frame`] every schedule of a collective
+//! begins with (the copy of this rank's data to its place in Output), so
+//! the verifier proves it and the cost model prices it like any other step.
 
 mod direct;
 mod double_tree;
+pub mod frame;
 mod halving_doubling;
 mod hierarchical;
 mod pairwise;
@@ -300,12 +306,16 @@ impl Algorithm {
 
     /// Builds the schedule of `p` with this algorithm, or `None` if this
     /// algorithm does not implement that collective.
+    ///
+    /// The schedule is the algorithm's steps framed by what the collective
+    /// does to the data besides moving it ([`frame`]).
     pub fn build(self, p: &Problem) -> Option<Schedule> {
-        let steps = self.steps(p)?;
+        let steps = frame::frame(p, self.steps(p)?);
         Some(Schedule::new(p, steps))
     }
 
-    /// The steps of `p`'s schedule, without dependencies.
+    /// The algorithm's own steps for `p`, without the frame or dependencies
+    /// (what a hierarchical level runs on its sub-problem).
     fn steps(self, p: &Problem) -> Option<Vec<Step>> {
         match self {
             Algorithm::Ring => ring::build(p),

@@ -185,18 +185,23 @@ pub struct VCounts {
 ///
 /// Buffer conventions (all lengths in elements, `c = count`, `n = nranks`):
 ///
-/// | collective | Input | Output |
-/// |---|---|---|
-/// | AllReduce | c | c (may be the same memory as Input: `in_place`) |
-/// | Broadcast | – | c (the root's holds the data at the start) |
-/// | Reduce | c | c, on the root only |
-/// | AllGather | – | n*c; this rank's block is already at `rank*c` |
-/// | ReduceScatter | n*c | c |
-/// | AllToAll | n*c | n*c |
-/// | AllToAllV | per [`VCounts`] | per [`VCounts`] |
-/// | Gather | c | n*c, on the root only |
-/// | Scatter | n*c, on the root only | c |
-/// | Send / Recv | c / – | – / c |
+/// | collective | Input | Output | `in_place`: Input is |
+/// |---|---|---|---|
+/// | AllReduce | c | c | Output |
+/// | Broadcast | c on the root (its data), else – | c | Output (the root's data is there) |
+/// | Reduce | c | c, on the root only | – |
+/// | AllGather | c (this rank's block) | n*c | Output's block `rank*c..` |
+/// | ReduceScatter | n*c | c | – |
+/// | AllToAll | n*c | n*c | – |
+/// | AllToAllV | per [`VCounts`] | per [`VCounts`] | – |
+/// | Gather | c | n*c, on the root only | – |
+/// | Scatter | n*c, on the root only | c | – |
+/// | Send / Recv | c / – | – / c | – |
+///
+/// Everything the collective does to the data is in the schedule: out of
+/// place, AllGather's schedule starts by copying this rank's block to its
+/// place in Output, and Broadcast's, on the root, by copying Input to
+/// Output ([`frame`](super::frame)). In place, that data is already there.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Problem {
     /// Which collective.
@@ -207,7 +212,12 @@ pub struct Problem {
     pub rank: usize,
     /// Element count, per the table above.
     pub count: usize,
-    /// Input and Output are the same memory (AllReduce only).
+    /// Input already lies in Output, where the last column of the table
+    /// above says: for AllReduce and Broadcast they are the same memory,
+    /// for AllGather Input is this rank's block of Output (the other
+    /// collectives do not run in place; set, it makes Input the start of
+    /// Output). Whether a rank runs in place is its own affair: the tuner
+    /// prices every call out of place.
     pub in_place: bool,
     /// AllToAllV counts.
     pub vcounts: Option<VCounts>,
@@ -232,6 +242,16 @@ impl Problem {
             vcounts: None,
             chunks: 1,
             hosts: None,
+        }
+    }
+
+    /// Where Input lies in Output (an element offset) when the op runs in
+    /// place, per [`Problem::in_place`]; `None` when they are apart.
+    pub fn input_in_output(&self) -> Option<usize> {
+        match self.coll {
+            _ if !self.in_place => None,
+            Collective::AllGather => Some(self.rank * self.count),
+            _ => Some(0),
         }
     }
 }

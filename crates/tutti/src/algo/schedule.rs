@@ -34,9 +34,10 @@ impl Schedule {
             .map(|(_, r)| r.end)
             .max()
             .unwrap_or(0);
-        let deps = dependencies(&steps, p.in_place);
-        let read_back = read_back(&steps, p.in_place);
-        let chains = reduce_chains(&steps, p.in_place);
+        let alias = p.input_in_output();
+        let deps = dependencies(&steps, alias);
+        let read_back = read_back(&steps, alias);
+        let chains = reduce_chains(&steps, alias);
         Schedule {
             steps,
             deps,
@@ -78,17 +79,18 @@ impl Schedule {
     }
 }
 
-fn overlaps(a: &[(Buf, Range<usize>)], b: &[(Buf, Range<usize>)], in_place: bool) -> bool {
-    let norm = |x: Buf| {
-        if in_place && x == Buf::Input {
-            Buf::Output
-        } else {
-            x
-        }
+/// Whether ranges `a` and `b` share an element; `alias`: where Input lies
+/// in Output ([`Problem::input_in_output`]).
+fn overlaps(a: &[(Buf, Range<usize>)], b: &[(Buf, Range<usize>)], alias: Option<usize>) -> bool {
+    let norm = |x: Buf, r: &Range<usize>| match (x, alias) {
+        (Buf::Input, Some(o)) => (Buf::Output, r.start + o..r.end + o),
+        _ => (x, r.clone()),
     };
     a.iter().any(|(ba, ra)| {
+        let (ba, ra) = norm(*ba, ra);
         b.iter().any(|(bb, rb)| {
-            norm(*ba) == norm(*bb) && ra.start < rb.end && rb.start < ra.end && !ra.is_empty()
+            let (bb, rb) = norm(*bb, rb);
+            ba == bb && ra.start < rb.end && rb.start < ra.end && !ra.is_empty()
         })
     })
 }
@@ -97,7 +99,7 @@ fn overlaps(a: &[(Buf, Range<usize>)], b: &[(Buf, Range<usize>)], in_place: bool
 /// fences. Message order on each peer queue is kept by the executor itself,
 /// not by dependencies (a fused step may receive while an earlier send to
 /// its forward peer is still draining).
-fn dependencies(steps: &[Step], in_place: bool) -> Vec<Vec<u32>> {
+fn dependencies(steps: &[Step], alias: Option<usize>) -> Vec<Vec<u32>> {
     let rw: Vec<_> = steps.iter().map(|s| (s.reads(), s.writes())).collect();
     let mut deps = Vec::with_capacity(steps.len());
     let mut last_fence: Option<usize> = None;
@@ -115,9 +117,8 @@ fn dependencies(steps: &[Step], in_place: bool) -> Vec<Vec<u32>> {
         }
         let (ri, wi) = &rw[i];
         for (j, (rj, wj)) in rw.iter().enumerate().take(i).skip(start) {
-            let hazard = overlaps(wi, rj, in_place)
-                || overlaps(ri, wj, in_place)
-                || overlaps(wi, wj, in_place);
+            let hazard =
+                overlaps(wi, rj, alias) || overlaps(ri, wj, alias) || overlaps(wi, wj, alias);
             if hazard {
                 d.push(j as u32);
             }
@@ -129,33 +130,27 @@ fn dependencies(steps: &[Step], in_place: bool) -> Vec<Vec<u32>> {
 
 /// For each step, whether a later step reads a range it writes (fences
 /// do not matter here: the bytes are read again either way).
-fn read_back(steps: &[Step], in_place: bool) -> Vec<bool> {
+fn read_back(steps: &[Step], alias: Option<usize>) -> Vec<bool> {
     let rw: Vec<_> = steps.iter().map(|s| (s.reads(), s.writes())).collect();
     (0..steps.len())
         .map(|j| {
             let wj = &rw[j].1;
-            !wj.is_empty() && rw[j + 1..].iter().any(|(ri, _)| overlaps(ri, wj, in_place))
+            !wj.is_empty() && rw[j + 1..].iter().any(|(ri, _)| overlaps(ri, wj, alias))
         })
         .collect()
 }
 
 /// The reduction chains of a schedule ([`Schedule::reduce_chain`]): for
 /// each step, the length of the chain it heads, or 0.
-fn reduce_chains(steps: &[Step], in_place: bool) -> Vec<u32> {
+fn reduce_chains(steps: &[Step], alias: Option<usize>) -> Vec<u32> {
     let mut out = vec![0u32; steps.len()];
-    let norm = |l: Loc| {
-        if in_place && l.buf == Buf::Input {
-            Loc {
-                buf: Buf::Output,
-                ..l
-            }
-        } else {
-            l
-        }
+    let norm = |l: Loc| match (l.buf, alias) {
+        (Buf::Input, Some(o)) => Loc::output(l.off + o),
+        _ => l,
     };
     let apart = |a: Loc, b: Loc, len: usize| {
         let range = |l: Loc| [(l.buf, l.off..l.off + len)];
-        !overlaps(&range(a), &range(b), in_place)
+        !overlaps(&range(a), &range(b), alias)
     };
     let mut i = 0;
     while i < steps.len() {
