@@ -262,3 +262,122 @@ fn env_per_collective_tcp_3() {
         &per_collective_spec(3, 2),
     );
 }
+
+/// The data a schedule's first step puts in place (`algo::frame`), both
+/// ways a caller can pass it: an AllGather whose send buffer is (in place)
+/// or is not its own block of the receive buffer, and a Broadcast whose
+/// root passes its data in its receive buffer or in a separate send buffer
+/// (left unchanged), with the tuner and with every algorithm that
+/// implements them forced per call; over processes, small calls run
+/// through the mailboxes.
+fn in_place_and_apart(comm: &Communicator, _: &Ctx) {
+    use tutti::{Options, RawCall};
+    let (n, r) = (comm.size(), comm.rank());
+    let val = |q: usize, i: usize, k: usize| (q * 1000 + i * 7 + k) as u32;
+    let run = |call: &RawCall, algorithm: Option<Algorithm>| {
+        let opts = Options {
+            algorithm,
+            ..Options::default()
+        };
+        // SAFETY: the caller's buffers outlive this blocking call and
+        // nothing else touches them.
+        unsafe { comm.run_raw(call, &opts) }.unwrap();
+    };
+    let mut k = 0;
+    for a in std::iter::once(None).chain(Algorithm::ALL.map(Some)) {
+        let implements = |coll: Collective| {
+            a.is_none_or(|a| (0..n).all(|q| a.build(&Problem::new(coll, n, q, 1)).is_some()))
+        };
+        for count in [0, 1, 7, 1009] {
+            k += 1;
+            if implements(Collective::AllGather) {
+                for in_place in [true, false] {
+                    let send: Vec<u32> = (0..count).map(|i| val(r, i, k)).collect();
+                    let mut recv = vec![u32::MAX; n * count];
+                    if in_place {
+                        recv[r * count..(r + 1) * count].copy_from_slice(&send);
+                    }
+                    let p = recv.as_mut_ptr();
+                    let call = RawCall {
+                        coll: Collective::AllGather,
+                        dtype: DataType::U32,
+                        op: ReduceOp::Sum,
+                        count,
+                        send: if in_place {
+                            p.wrapping_add(r * count) as *const u8
+                        } else {
+                            send.as_ptr() as *const u8
+                        },
+                        send_len: count * 4,
+                        recv: p as *mut u8,
+                        recv_len: n * count * 4,
+                        vcounts: None,
+                    };
+                    run(&call, a);
+                    for (j, v) in recv.iter().enumerate() {
+                        let want = val(j / count, j % count, k);
+                        assert_eq!(
+                            *v, want,
+                            "{a:?} all_gather in place {in_place} rank {r} [{j}]"
+                        );
+                    }
+                }
+            }
+            for root in [0, n - 1] {
+                let coll = Collective::Broadcast { root };
+                if !implements(coll) {
+                    continue;
+                }
+                for apart in [true, false] {
+                    let data: Vec<u32> = (0..count).map(|i| val(root, i, k)).collect();
+                    let send = if r == root && apart {
+                        data.clone()
+                    } else {
+                        Vec::new()
+                    };
+                    let mut recv = if r == root && !apart {
+                        data.clone()
+                    } else {
+                        vec![u32::MAX; count]
+                    };
+                    let call = RawCall {
+                        coll,
+                        dtype: DataType::U32,
+                        op: ReduceOp::Sum,
+                        count,
+                        send: if send.is_empty() {
+                            std::ptr::null()
+                        } else {
+                            send.as_ptr() as *const u8
+                        },
+                        send_len: send.len() * 4,
+                        recv: recv.as_mut_ptr() as *mut u8,
+                        recv_len: count * 4,
+                        vcounts: None,
+                    };
+                    run(&call, a);
+                    assert_eq!(
+                        recv, data,
+                        "{a:?} broadcast root {root} apart {apart} rank {r}"
+                    );
+                    if r == root && apart {
+                        assert_eq!(send, data, "the root's send buffer is unchanged");
+                    }
+                }
+            }
+        }
+    }
+}
+
+rank_test!(
+    in_place_and_apart_local_3,
+    Transport::Local,
+    3,
+    in_place_and_apart
+);
+rank_test!(
+    in_place_and_apart_shm_4,
+    Transport::Shm,
+    4,
+    in_place_and_apart
+);

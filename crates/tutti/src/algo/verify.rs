@@ -2,7 +2,8 @@
 //! that each rank ends with exactly the right contributions.
 //!
 //! Every element is a symbol `(index, set of ranks)`: rank r's input element
-//! i starts as `(i, {r})`. Receiving copies symbols; reducing two symbols
+//! i starts as `(i, {r})`, in Input (or, in place, where Input lies in
+//! Output); every other element of Output starts unwritten. Receiving copies symbols; reducing two symbols
 //! requires the same index and disjoint rank sets (no contribution counted
 //! twice) and yields their union. The simulation follows the executor's rules
 //! (dependencies, per-peer message order, a message moves only when both
@@ -86,10 +87,14 @@ type Mem = Vec<Option<Cell>>;
 
 struct RankState {
     sched: Schedule,
+    /// Input, when apart from Output (else empty).
     input: Mem,
+    /// Input's length in elements (it may lie in Output).
+    input_len: usize,
     output: Mem,
     scratch: Mem,
-    in_place: bool,
+    /// Where Input lies in Output when in place ([`Problem::input_in_output`]).
+    alias: Option<usize>,
     done: Vec<bool>,
     recv_done: Vec<bool>,
     /// Step indices of send halves, per destination, in order.
@@ -99,11 +104,19 @@ struct RankState {
 }
 
 impl RankState {
-    fn mem(&mut self, b: Buf) -> &mut Mem {
-        match (b, self.in_place) {
-            (Buf::Input, false) => &mut self.input,
-            (Buf::Input, true) | (Buf::Output, _) => &mut self.output,
-            (Buf::Scratch, _) => &mut self.scratch,
+    /// The memory `b` lives in, where in it `b` starts, and `b`'s length.
+    fn mem(&mut self, b: Buf) -> (&mut Mem, usize, usize) {
+        match (b, self.alias) {
+            (Buf::Input, Some(o)) => (&mut self.output, o, self.input_len),
+            (Buf::Input, None) => (&mut self.input, 0, self.input_len),
+            (Buf::Output, _) => {
+                let n = self.output.len();
+                (&mut self.output, 0, n)
+            }
+            (Buf::Scratch, _) => {
+                let n = self.scratch.len();
+                (&mut self.scratch, 0, n)
+            }
         }
     }
 
@@ -114,17 +127,16 @@ impl RankState {
         l: Loc,
         len: usize,
     ) -> Result<Vec<Cell>, VerifyError> {
-        let m = self.mem(l.buf);
-        if l.off + len > m.len() {
+        let (m, base, size) = self.mem(l.buf);
+        if l.off + len > size {
             return Err(VerifyError(format!(
-                "rank {rank} step {i}: reads {:?}[{}..{}] past its end ({})",
+                "rank {rank} step {i}: reads {:?}[{}..{}] past its end ({size})",
                 l.buf,
                 l.off,
                 l.off + len,
-                m.len()
             )));
         }
-        m[l.off..l.off + len]
+        m[base + l.off..base + l.off + len]
             .iter()
             .enumerate()
             .map(|(k, x)| {
@@ -140,25 +152,24 @@ impl RankState {
     }
 
     fn write(&mut self, rank: usize, i: usize, l: Loc, data: &[Cell]) -> Result<(), VerifyError> {
-        if l.buf == Buf::Input && !self.in_place && !data.is_empty() {
+        if l.buf == Buf::Input && self.alias.is_none() && !data.is_empty() {
             return Err(VerifyError(format!(
                 "rank {rank} step {i}: writes Input[{}..{}], the caller's read-only send buffer",
                 l.off,
                 l.off + data.len()
             )));
         }
-        let m = self.mem(l.buf);
-        if l.off + data.len() > m.len() {
+        let (m, base, size) = self.mem(l.buf);
+        if l.off + data.len() > size {
             return Err(VerifyError(format!(
-                "rank {rank} step {i}: writes {:?}[{}..{}] past its end ({})",
+                "rank {rank} step {i}: writes {:?}[{}..{}] past its end ({size})",
                 l.buf,
                 l.off,
                 l.off + data.len(),
-                m.len()
             )));
         }
         for (k, d) in data.iter().enumerate() {
-            m[l.off + k] = Some(*d);
+            m[base + l.off + k] = Some(*d);
         }
         Ok(())
     }
@@ -198,14 +209,17 @@ fn combine(rank: usize, i: usize, a: &[Cell], b: &[Cell]) -> Result<Vec<Cell>, V
         .collect()
 }
 
-/// Input and Output sizes of `p`, per the conventions of [`Problem`].
+/// Input and Output sizes of `p`, per the conventions of [`Problem`], as
+/// the caller passes them: a Broadcast root's Input is left out (0), as the
+/// root may pass its data in Output alone; where it passes it apart (not
+/// in place), its Input holds `count` elements more.
 pub fn buffer_sizes(p: &Problem) -> (usize, usize) {
     let (n, c, r) = (p.nranks, p.count, p.rank);
     match p.coll {
         Collective::AllReduce => (c, c),
         Collective::Broadcast { .. } => (0, c),
         Collective::Reduce { root } => (c, if r == root { c } else { 0 }),
-        Collective::AllGather => (0, n * c),
+        Collective::AllGather => (c, n * c),
         Collective::ReduceScatter => (n * c, c),
         Collective::AllToAll => (n * c, n * c),
         Collective::AllToAllV => {
@@ -226,27 +240,27 @@ pub fn buffer_sizes(p: &Problem) -> (usize, usize) {
     }
 }
 
-fn initial(p: &Problem) -> (Mem, Mem) {
-    let (ni, no) = buffer_sizes(p);
-    let me = |i| Some(Cell::leaf(i, p.rank));
-    let mut input: Mem = (0..ni).map(me).collect();
-    let mut output: Mem = vec![None; no];
-    match p.coll {
-        Collective::Broadcast { root } if root == p.rank => {
-            output = (0..no).map(me).collect();
-        }
-        Collective::AllGather => {
-            for i in 0..p.count {
-                output[p.rank * p.count + i] = me(i);
-            }
-        }
-        Collective::AllReduce if p.in_place => {
-            output = input.clone();
-            input.clear();
-        }
-        _ => {}
+/// Input's length (with a Broadcast root's data, in Input or, in place,
+/// in Output), Input apart from Output (empty in place) and Output at the
+/// start of `p`'s op.
+fn initial(p: &Problem) -> Result<(usize, Mem, Mem), VerifyError> {
+    let (mut ni, no) = buffer_sizes(p);
+    if matches!(p.coll, Collective::Broadcast { root } if root == p.rank) {
+        ni = p.count;
     }
-    (input, output)
+    let mut input: Mem = (0..ni).map(|i| Some(Cell::leaf(i, p.rank))).collect();
+    let mut output: Mem = vec![None; no];
+    if let Some(o) = p.input_in_output() {
+        if o + ni > no {
+            return Err(VerifyError(format!(
+                "rank {}: {:?} cannot run in place: Input ({ni}) does not fit Output ({no}) at {o}",
+                p.rank, p.coll
+            )));
+        }
+        output[o..o + ni].copy_from_slice(&input);
+        input.clear();
+    }
+    Ok((ni, input, output))
 }
 
 fn expected(ps: &[Problem], r: usize) -> Vec<Option<Sym>> {
@@ -314,7 +328,7 @@ pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, Verify
     assert!(n <= 128, "the verifier handles at most 128 ranks");
     let mut st: Vec<RankState> = Vec::new();
     for (p, sched) in problems.iter().zip(scheds) {
-        let (input, output) = initial(p);
+        let (input_len, input, output) = initial(p)?;
         let mut sendq = vec![VecDeque::new(); n];
         let mut recvq = vec![VecDeque::new(); n];
         for (i, s) in sched.steps.iter().enumerate() {
@@ -338,8 +352,9 @@ pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, Verify
             scratch: vec![None; sched.scratch],
             sched,
             input,
+            input_len,
             output,
-            in_place: p.in_place,
+            alias: p.input_in_output(),
             done: vec![false; k],
             recv_done: vec![false; k],
             sendq,

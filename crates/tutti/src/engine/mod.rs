@@ -327,28 +327,6 @@ impl Core {
         self.seq += 1;
         let esz = c.dtype.size();
         let n = self.nranks;
-        // Put this rank's own data where the schedule expects it.
-        match c.coll {
-            Collective::AllGather => {
-                let off = self.rank * c.count * esz;
-                // SAFETY: the call's check made input_len == count*esz and
-                // output_len == n*count*esz; `copy` tolerates aliasing.
-                unsafe {
-                    if !std::ptr::eq(c.input, c.output.add(off)) {
-                        crate::reduce::copy::copy_overlapping(
-                            c.input,
-                            c.output.add(off),
-                            c.count * esz,
-                        );
-                    }
-                }
-            }
-            Collective::Broadcast { root } if root == self.rank && c.input != c.output => {
-                // SAFETY: both hold count*esz bytes (checked by `Engine::check`).
-                unsafe { crate::reduce::copy::copy_overlapping(c.input, c.output, c.count * esz) };
-            }
-            _ => {}
-        }
         let bytes = c.count * esz;
         // A review is due: the shapes due leave the paths that skip the tuner.
         let repeat = repeat && self.auto_colls < self.review_from;
@@ -377,7 +355,15 @@ impl Core {
             nranks: n,
             rank: self.rank,
             count: c.count,
-            in_place: c.in_place,
+            // Whether this rank's input already lies where the schedule
+            // would copy it (`Problem::in_place`).
+            in_place: match c.coll {
+                Collective::AllGather => {
+                    std::ptr::eq(c.input, c.output.wrapping_add(self.rank * c.count * esz))
+                }
+                Collective::Broadcast { .. } => std::ptr::eq(c.input, c.output),
+                _ => c.in_place,
+            },
             vcounts: c.vcounts.clone(),
             chunks: 1,
             hosts: self.tune.hosts(),

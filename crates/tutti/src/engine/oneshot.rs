@@ -6,6 +6,9 @@
 //! its own slot or input. Only the transport differs: one write into this
 //! rank's slot replaces n-1 ring messages, and readers reduce or copy
 //! straight out of the writers' slots ([`crate::transport::mailbox`]).
+//! What the direct schedule's frame does ([`crate::algo::frame`]) happens
+//! here too: the copy of an AllGather's block or a Broadcast root's data
+//! into the output.
 
 use super::{Core, OpCall};
 use crate::algo::Collective;
@@ -126,7 +129,11 @@ impl Core {
         // (the mailbox reuse rule), and input and output do not overlap
         // except for an in-place AllReduce, which reads its own part where
         // it is still intact: from the buffer on ranks 0 and 1 (each element
-        // is read before its sum is written there), else from its slot.
+        // is read before its sum is written there), else from its slot; a
+        // Broadcast root's input that is its output (in place: input_len is
+        // 0, output_len b); and an AllGather's input anywhere in its output
+        // (the comm layer allows it), read whole (published, then copied
+        // with `copy_overlapping`) before anything is written to the output.
         // SAFETY: buffers, slots and kernel as just described.
         unsafe {
             let red = Reduction { k, s, b };
@@ -162,9 +169,14 @@ impl Core {
                     }
                 }
                 Collective::Broadcast { root } => {
-                    // The engine has put the root's data in its output.
+                    // The root's data is in its input (its output, in
+                    // place): published from there, and copied to its
+                    // output out of place, as the schedule's first step.
                     if me == root {
-                        mb.publish(s, output, b, w)?;
+                        mb.publish(s, input, b, w)?;
+                        if !std::ptr::eq(input, output) {
+                            crate::reduce::copy::copy_overlapping(input, output, b);
+                        }
                         mb.prefetch_own_next(b);
                     } else {
                         mb.publish(s, input, 0, w)?;
@@ -174,8 +186,13 @@ impl Core {
                     }
                 }
                 Collective::AllGather => {
-                    // The engine has put this rank's block in place.
-                    mb.publish(s, output.add(me * b), b, w)?;
+                    // This rank's block, published from its input and
+                    // copied to its place in the output (where it is not
+                    // there already), as the schedule's first step.
+                    mb.publish(s, input, b, w)?;
+                    if !std::ptr::eq(input, output.add(me * b)) {
+                        crate::reduce::copy::copy_overlapping(input, output.add(me * b), b);
+                    }
                     for k in 1..n {
                         let q = (me + k) % n;
                         let p = mb.receive(q, s, w)?;

@@ -24,6 +24,14 @@ fn colls(n: usize) -> Vec<Collective> {
     v
 }
 
+/// The collectives whose Input can lie in their Output ([`Problem::in_place`]).
+fn runs_in_place(coll: Collective) -> bool {
+    matches!(
+        coll,
+        Collective::AllReduce | Collective::AllGather | Collective::Broadcast { .. }
+    )
+}
+
 /// What each algorithm implements; it must answer `None` for the rest.
 fn implements(alg: Algorithm, k: CollKind) -> bool {
     use CollKind::*;
@@ -90,7 +98,7 @@ fn matrix() {
             for coll in colls(n) {
                 for alg in Algorithm::ALL {
                     for in_place in [false, true] {
-                        if in_place && coll != Collective::AllReduce {
+                        if in_place && !runs_in_place(coll) {
                             continue;
                         }
                         for &chunks in chunked(alg) {
@@ -254,9 +262,10 @@ fn catches_a_wrong_schedule() {
     assert!(run(&ps, scheds).is_err());
 }
 
-/// AllGather on two ranks, each rank's steps given by `f(rank, other)`.
+/// AllGather on two ranks, in place (each rank's block is in its Output),
+/// each rank's steps given by `f(rank, other)`.
 fn two_ranks(f: impl Fn(usize, usize) -> Vec<Step>) -> Result<Report, VerifyError> {
-    let ps = problems(Collective::AllGather, 2, 1, false);
+    let ps = problems(Collective::AllGather, 2, 1, true);
     let scheds = ps
         .iter()
         .map(|p| Schedule::new(p, f(p.rank, 1 - p.rank)))
@@ -374,7 +383,7 @@ proptest! {
         chunks in 1usize..10,
     ) {
         let coll = coll_of(coll, n, pick);
-        let in_place = in_place && coll == Collective::AllReduce;
+        let in_place = in_place && runs_in_place(coll);
         let ps = with_chunks(problems(coll, n, count, in_place), chunks);
         if let Err(e) = check(&ps, Algorithm::ALL[alg]) {
             prop_assert!(false, "{}", e);
@@ -486,7 +495,7 @@ fn hierarchical_layouts() {
                         &[1]
                     };
                     for in_place in [false, true] {
-                        if in_place && coll != Collective::AllReduce {
+                        if in_place && !runs_in_place(coll) {
                             continue;
                         }
                         for &chunks in chunks {
@@ -649,7 +658,7 @@ fn hierarchical_pipelined() {
                     let want = hierarchical_implements(lv, coll.kind());
                     for k in [2, 3, 8] {
                         for in_place in [false, true] {
-                            if in_place && coll != Collective::AllReduce {
+                            if in_place && !runs_in_place(coll) {
                                 continue;
                             }
                             let chunks: &[usize] =
@@ -671,6 +680,7 @@ fn hierarchical_pipelined() {
                                     let steps = crate::algo::hierarchical::build_pieces(p, lv, k);
                                     assert_eq!(steps.is_some(), want, "{what}");
                                     if let Some(steps) = steps {
+                                        let steps = crate::algo::frame::frame(p, steps);
                                         scheds.push(Schedule::new(p, steps));
                                     }
                                 }
@@ -686,4 +696,25 @@ fn hierarchical_pipelined() {
         }
     }
     assert!(runs > 2_500, "{runs}");
+}
+
+/// Out of place, AllGather's Output starts empty and a Broadcast root's
+/// data is in its Input: without the frame's copy ([`crate::algo::frame`])
+/// a rank's own block never arrives, and the verifier says so. In place the
+/// data is already there and the frame copies nothing.
+#[test]
+fn the_pre_copy_is_proven() {
+    for coll in [Collective::AllGather, Collective::Broadcast { root: 1 }] {
+        let ps = problems(coll, 3, 5, false);
+        let bare = ps
+            .iter()
+            .map(|p| Schedule::new(p, Algorithm::Direct.steps(p).unwrap()))
+            .collect();
+        let e = run(&ps, bare).unwrap_err();
+        assert!(e.0.contains("Output"), "{coll:?}: {e}");
+        verify(&ps, Algorithm::Direct).unwrap().unwrap();
+        let ps = problems(coll, 3, 5, true);
+        assert!(ps.iter().all(|p| crate::algo::frame::pre_copy(p).is_none()));
+        verify(&ps, Algorithm::Direct).unwrap().unwrap();
+    }
 }

@@ -1,0 +1,208 @@
+//! The step vocabulary: the buffers a schedule works on, places in them,
+//! and the steps over their element ranges.
+
+use std::ops::Range;
+
+/// One of the buffers a schedule works on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Buf {
+    /// The user's send buffer.
+    Input,
+    /// The user's receive buffer (the same memory as `Input` when the op is in place).
+    Output,
+    /// Temporary space the executor provides, [`Schedule::scratch`](super::Schedule::scratch) elements long.
+    Scratch,
+}
+
+/// A place in a buffer, in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Loc {
+    /// Which buffer.
+    pub buf: Buf,
+    /// Offset in elements.
+    pub off: usize,
+}
+
+impl Loc {
+    /// `Input[off..]`.
+    pub const fn input(off: usize) -> Self {
+        Loc {
+            buf: Buf::Input,
+            off,
+        }
+    }
+    /// `Output[off..]`.
+    pub const fn output(off: usize) -> Self {
+        Loc {
+            buf: Buf::Output,
+            off,
+        }
+    }
+    /// `Scratch[off..]`.
+    pub const fn scratch(off: usize) -> Self {
+        Loc {
+            buf: Buf::Scratch,
+            off,
+        }
+    }
+}
+
+/// One step of a schedule. Lengths are in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Send `len` elements at `src` to `peer`.
+    Send {
+        /// Destination rank.
+        peer: usize,
+        /// Where the data is.
+        src: Loc,
+        /// Elements.
+        len: usize,
+    },
+    /// Receive `len` elements from `peer` into `dst`.
+    Recv {
+        /// Source rank.
+        peer: usize,
+        /// Where the data goes.
+        dst: Loc,
+        /// Elements.
+        len: usize,
+    },
+    /// Receive from `peer` and store `dst = src (op) received`.
+    RecvReduce {
+        /// Source rank.
+        peer: usize,
+        /// The local operand.
+        src: Loc,
+        /// Where the result goes (may equal `src`).
+        dst: Loc,
+        /// Elements.
+        len: usize,
+    },
+    /// `RecvReduce` from `from`, then forward the result (`dst`) to `to` as it is produced.
+    RecvReduceSend {
+        /// Source rank.
+        from: usize,
+        /// Destination rank of the forwarded result.
+        to: usize,
+        /// The local operand.
+        src: Loc,
+        /// Where the result goes (may equal `src`).
+        dst: Loc,
+        /// Elements.
+        len: usize,
+    },
+    /// `Recv` from `from` into `dst`, forwarding the data to `to` as it arrives.
+    RecvCopySend {
+        /// Source rank.
+        from: usize,
+        /// Destination rank.
+        to: usize,
+        /// Where the data goes.
+        dst: Loc,
+        /// Elements.
+        len: usize,
+    },
+    /// Local copy.
+    Copy {
+        /// From.
+        src: Loc,
+        /// To.
+        dst: Loc,
+        /// Elements.
+        len: usize,
+    },
+    /// Local reduction `dst = dst (op) src`.
+    Reduce {
+        /// Operand.
+        src: Loc,
+        /// Accumulator.
+        dst: Loc,
+        /// Elements.
+        len: usize,
+    },
+    /// Orders everything: no later step starts before every earlier step is done.
+    Fence,
+}
+
+impl Step {
+    /// The peer this step receives from, if any.
+    pub fn recv_peer(&self) -> Option<usize> {
+        match *self {
+            Step::Recv { peer, .. } | Step::RecvReduce { peer, .. } => Some(peer),
+            Step::RecvReduceSend { from, .. } | Step::RecvCopySend { from, .. } => Some(from),
+            _ => None,
+        }
+    }
+
+    /// The peer this step sends to, if any.
+    pub fn send_peer(&self) -> Option<usize> {
+        match *self {
+            Step::Send { peer, .. } => Some(peer),
+            Step::RecvReduceSend { to, .. } | Step::RecvCopySend { to, .. } => Some(to),
+            _ => None,
+        }
+    }
+
+    /// Elements this step moves or touches.
+    pub fn len(&self) -> usize {
+        match *self {
+            Step::Send { len, .. }
+            | Step::Recv { len, .. }
+            | Step::RecvReduce { len, .. }
+            | Step::RecvReduceSend { len, .. }
+            | Step::RecvCopySend { len, .. }
+            | Step::Copy { len, .. }
+            | Step::Reduce { len, .. } => len,
+            Step::Fence => 0,
+        }
+    }
+
+    /// True if the step has no elements (a `Fence`, or a zero-length step).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True if the step combines received data with local data.
+    pub fn reduces(&self) -> bool {
+        matches!(
+            self,
+            Step::RecvReduce { .. } | Step::RecvReduceSend { .. } | Step::Reduce { .. }
+        )
+    }
+
+    /// Ranges the step reads (buffer, element range).
+    pub fn reads(&self) -> Vec<(Buf, Range<usize>)> {
+        let r = |l: Loc, n: usize| (l.buf, l.off..l.off + n);
+        match *self {
+            Step::Send { src, len, .. } => vec![r(src, len)],
+            Step::RecvReduce { src, len, .. } | Step::RecvReduceSend { src, len, .. } => {
+                vec![r(src, len)]
+            }
+            Step::Copy { src, len, .. } => vec![r(src, len)],
+            Step::Reduce { src, dst, len } => vec![r(src, len), r(dst, len)],
+            _ => vec![],
+        }
+    }
+
+    /// Where the step writes (its `len` elements from there), if it writes.
+    pub fn dst(&self) -> Option<Loc> {
+        match *self {
+            Step::Recv { dst, .. }
+            | Step::RecvReduce { dst, .. }
+            | Step::RecvReduceSend { dst, .. }
+            | Step::RecvCopySend { dst, .. }
+            | Step::Copy { dst, .. }
+            | Step::Reduce { dst, .. } => Some(dst),
+            Step::Send { .. } | Step::Fence => None,
+        }
+    }
+
+    /// Ranges the step writes.
+    pub fn writes(&self) -> Vec<(Buf, Range<usize>)> {
+        self.dst()
+            .map(|d| (d.buf, d.off..d.off + self.len()))
+            .into_iter()
+            .collect()
+    }
+}
