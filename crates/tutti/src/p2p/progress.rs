@@ -335,10 +335,9 @@ impl State {
         }
         if let Some(s) = offer.local {
             let from = self.ops[&s].post.ptr;
-            // SAFETY: both posts' buffers are valid for their lengths until
-            // their ops complete (the poster's promise), offer.len <= buf,
-            // and a send's and a receive's buffers do not overlap (the
-            // receive's is exclusively borrowed).
+            // SAFETY: both buffers are valid until their ops complete, and
+            // a receive's never overlaps another op's (the posters' promise);
+            // offer.len <= buf.
             unsafe { std::ptr::copy_nonoverlapping(from, o.post.ptr, offer.len) };
             self.finish(s, Ok(()));
             return self.finish(op, Ok(()));
