@@ -167,17 +167,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
             return _DONE
         fut = torch.futures.Future()
 
-        def done(err: Optional[BaseException]) -> None:
-            if err is not None:
-                fut.set_exception(err)
-                return
-            try:
-                for p in post:
-                    p()
-            except BaseException as e:  # noqa: BLE001 - handed to the future
-                fut.set_exception(e)
-                return
-            fut.set_result(outputs)
+        done = _finisher(fut, post, outputs)
 
         if not calls:  # nothing to do (an empty list of tensors)
             done(None)
@@ -192,17 +182,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
         asynchronously; their Work completes once all of them did."""
         fut = torch.futures.Future()
 
-        def done(err: Optional[BaseException]) -> None:
-            if err is not None:
-                fut.set_exception(err)
-                return
-            try:
-                for p in post:
-                    p()
-            except BaseException as e:  # noqa: BLE001 - handed to the future
-                fut.set_exception(e)
-                return
-            fut.set_result(outputs)
+        done = _finisher(fut, post, outputs)
 
         if not ops:
             done(None)
@@ -690,3 +670,22 @@ def _destroy_all() -> None:
             g._comm.destroy()
         except Exception:
             pass
+
+
+def _finisher(fut: Any, post: list, outputs: Any) -> Any:
+    """The callback that completes ``fut`` once every call of an op has ended: with the
+    first error, or after running ``post`` (copies out of staging buffers) with ``outputs``."""
+
+    def done(err: Optional[BaseException]) -> None:
+        if err is not None:
+            fut.set_exception(err)
+            return
+        try:
+            for p in post:
+                p()
+        except BaseException as e:  # noqa: BLE001 - handed to the future
+            fut.set_exception(e)
+            return
+        fut.set_result(outputs)
+
+    return done
