@@ -12,6 +12,11 @@
 //! mismatches, reads of data never written, writes to the (read-only) Input
 //! of an out-of-place op, deadlocks, and wrong results.
 //!
+//! An Avg reduction ([`Problem::avg`]) must end with every result divided
+//! by the rank count ([`Step::Scale`]) exactly once, after its last
+//! contribution is in (a divided element may not be reduced again); any
+//! other reduction, never.
+//!
 //! Beside its symbol, every element carries a fingerprint of the order in
 //! which it was reduced (`a op b` and `b op a` differ, as may their bits
 //! for max/min of signed zeros or NaNs). AllReduce results must have the same
@@ -60,6 +65,9 @@ pub struct Report {
 struct Cell {
     sym: Sym,
     shape: u64,
+    /// Divided by the rank count ([`Step::Scale`]): the mean of what `sym`
+    /// sums, which may not be reduced further.
+    mean: bool,
 }
 
 impl Cell {
@@ -71,6 +79,7 @@ impl Cell {
                 ranks: 1u128 << rank,
             },
             shape: mix(rank as u64 + 1),
+            mean: false,
         }
     }
 }
@@ -185,7 +194,12 @@ fn combine(rank: usize, i: usize, a: &[Cell], b: &[Cell]) -> Result<Vec<Cell>, V
         .zip(b)
         .map(|(cx, cy)| {
             let (x, y) = (&cx.sym, &cy.sym);
-            if x.idx != y.idx {
+            if cx.mean || cy.mean {
+                Err(VerifyError(format!(
+                    "rank {rank} step {i}: reduces element {} after it was divided by the rank count",
+                    x.idx
+                )))
+            } else if x.idx != y.idx {
                 Err(VerifyError(format!(
                     "rank {rank} step {i}: reduces element {} with element {}",
                     x.idx, y.idx
@@ -203,6 +217,7 @@ fn combine(rank: usize, i: usize, a: &[Cell], b: &[Cell]) -> Result<Vec<Cell>, V
                         ranks: x.ranks | y.ranks,
                     },
                     shape: mix(cx.shape.rotate_left(23) ^ mix(cy.shape)),
+                    mean: false,
                 })
             }
         })
@@ -385,6 +400,26 @@ pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, Verify
                         let d = combine(r, i, &a, &b)?;
                         sr.write(r, i, dst, &d)?;
                     }
+                    Step::Scale { dst, len, divisor } => {
+                        if divisor != n {
+                            return Err(VerifyError(format!(
+                                "rank {r} step {i}: divides by {divisor}, not by the rank count {n}"
+                            )));
+                        }
+                        let mut d = sr.read(r, i, dst, len)?;
+                        for (k, c) in d.iter_mut().enumerate() {
+                            if c.mean {
+                                return Err(VerifyError(format!(
+                                    "rank {r} step {i}: divides {:?}[{}] by the rank count a second time",
+                                    dst.buf,
+                                    dst.off + k
+                                )));
+                            }
+                            c.mean = true;
+                            c.shape = mix(c.shape ^ 0x5ca1e);
+                        }
+                        sr.write(r, i, dst, &d)?;
+                    }
                     Step::Fence => {}
                     _ => continue,
                 }
@@ -477,13 +512,26 @@ pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, Verify
     }
     for (r, s) in st.iter().enumerate() {
         let want = expected(problems, r);
-        let got = |k: usize| s.output.get(k).copied().flatten().map(|c| c.sym);
+        let cell = |k: usize| s.output.get(k).copied().flatten();
+        let got = |k: usize| cell(k).map(|c| c.sym);
         if let Some(k) = (0..want.len()).find(|&k| want[k].is_some() && got(k) != want[k]) {
             return Err(VerifyError(format!(
                 "rank {r}: Output[{k}] is {:?}, expected {:?}",
                 got(k),
                 want[k]
             )));
+        }
+        // An Avg result is the mean, divided once; nothing else is divided.
+        let p = &problems[r];
+        let mean = p.avg && p.coll.reduces();
+        if let Some(k) =
+            (0..want.len()).find(|&k| want[k].is_some() && cell(k).is_some_and(|c| c.mean != mean))
+        {
+            return Err(VerifyError(if mean {
+                format!("rank {r}: Output[{k}] is the sum, but the reduction is Avg: it is never divided by the rank count")
+            } else {
+                format!("rank {r}: Output[{k}] is divided by the rank count, but the reduction is not Avg")
+            }));
         }
     }
     if problems.first().map(|p| p.coll) == Some(Collective::AllReduce) {

@@ -8,12 +8,13 @@
 //! straight out of the writers' slots ([`crate::transport::mailbox`]).
 //! What the direct schedule's frame does ([`crate::algo::frame`]) happens
 //! here too: the copy of an AllGather's block or a Broadcast root's data
-//! into the output.
+//! into the output, and an Avg's division, run as the frame's own
+//! [`frame::mean`] step.
 
 use super::{Core, OpCall};
-use crate::algo::Collective;
+use crate::algo::{frame, Buf, Collective, Step};
 use crate::error::Result;
-use crate::reduce;
+use crate::reduce::{self, ReduceOp};
 use crate::transport::mailbox::{self, Waiting, MBOX_BYTES};
 use std::sync::atomic::AtomicBool;
 
@@ -120,7 +121,31 @@ impl Core {
             .and_then(|()| Self::oneshot_steps(mb, c, tag, stream, &mut w));
         // Whatever happened, no peer may stay asleep on what we published.
         mb.flush();
-        r
+        r?;
+        if c.op == ReduceOp::Avg {
+            Self::oneshot_mean(c, self.nranks, self.rank);
+        }
+        Ok(())
+    }
+
+    /// Ends an Avg reduction as its schedule would: with the frame's last
+    /// step ([`frame::mean`]), the division of this rank's result by the
+    /// rank count, on the output (which no peer reads: mailboxes publish
+    /// inputs).
+    fn oneshot_mean(c: &OpCall, n: usize, me: usize) {
+        if let Some(Step::Scale { dst, len, divisor }) = frame::mean(c.coll, n, me, c.count) {
+            debug_assert_eq!(dst.buf, Buf::Output);
+            let esz = c.dtype.size();
+            assert!(
+                (dst.off + len) * esz <= c.output_len,
+                "the step fits the output"
+            );
+            // SAFETY: the range lies in the output (just checked), which
+            // the caller keeps for this op alone while it runs.
+            let out =
+                unsafe { std::slice::from_raw_parts_mut(c.output.add(dst.off * esz), len * esz) };
+            reduce::scale_avg(c.dtype, out, divisor);
+        }
     }
 
     /// The body of [`run_oneshot`](Core::run_oneshot).

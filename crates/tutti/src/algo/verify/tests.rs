@@ -32,6 +32,30 @@ fn runs_in_place(coll: Collective) -> bool {
     )
 }
 
+/// The ways to run `coll`, as `(in_place, avg)`: in place where it can
+/// be ([`runs_in_place`]), Avg where it reduces.
+fn variants(coll: Collective) -> Vec<(bool, bool)> {
+    let mut v = vec![(false, false)];
+    if runs_in_place(coll) {
+        v.push((true, false));
+    }
+    if coll.reduces() {
+        v.push((false, true));
+        if runs_in_place(coll) {
+            v.push((true, true));
+        }
+    }
+    v
+}
+
+/// `ps` with [`Problem::avg`] set to `avg`.
+fn with_avg(mut ps: Vec<Problem>, avg: bool) -> Vec<Problem> {
+    for p in &mut ps {
+        p.avg = avg;
+    }
+    ps
+}
+
 /// What each algorithm implements; it must answer `None` for the rest.
 fn implements(alg: Algorithm, k: CollKind) -> bool {
     use CollKind::*;
@@ -56,10 +80,11 @@ fn implements(alg: Algorithm, k: CollKind) -> bool {
 fn check(ps: &[Problem], alg: Algorithm) -> Result<Option<Report>, String> {
     let coll = ps[0].coll;
     let what = format!(
-        "{alg} {coll:?} n={} count={} in_place={} chunks={}",
+        "{alg} {coll:?} n={} count={} in_place={} avg={} chunks={}",
         ps.len(),
         ps[0].count,
         ps[0].in_place,
+        ps[0].avg,
         ps[0].chunks
     );
     let got = verify(ps, alg).map_err(|e| format!("{what}: {e}"))?;
@@ -97,13 +122,10 @@ fn matrix() {
         for count in counts {
             for coll in colls(n) {
                 for alg in Algorithm::ALL {
-                    for in_place in [false, true] {
-                        if in_place && !runs_in_place(coll) {
-                            continue;
-                        }
+                    for (in_place, avg) in variants(coll) {
                         for &chunks in chunked(alg) {
                             let ps = with_chunks(problems(coll, n, count, in_place), chunks);
-                            check(&ps, alg).unwrap_or_else(|e| panic!("{e}"));
+                            check(&with_avg(ps, avg), alg).unwrap_or_else(|e| panic!("{e}"));
                             runs += 1;
                         }
                     }
@@ -380,11 +402,13 @@ proptest! {
         coll in 0usize..9,
         pick in any::<usize>(),
         in_place in any::<bool>(),
+        avg in any::<bool>(),
         chunks in 1usize..10,
     ) {
         let coll = coll_of(coll, n, pick);
         let in_place = in_place && runs_in_place(coll);
         let ps = with_chunks(problems(coll, n, count, in_place), chunks);
+        let ps = with_avg(ps, avg && coll.reduces());
         if let Err(e) = check(&ps, Algorithm::ALL[alg]) {
             prop_assert!(false, "{}", e);
         }
@@ -494,17 +518,15 @@ fn hierarchical_layouts() {
                     } else {
                         &[1]
                     };
-                    for in_place in [false, true] {
-                        if in_place && !runs_in_place(coll) {
-                            continue;
-                        }
+                    for (in_place, avg) in variants(coll) {
                         for &chunks in chunks {
-                            let mut ps = with_chunks(problems(coll, n, count, in_place), chunks);
+                            let ps = with_chunks(problems(coll, n, count, in_place), chunks);
+                            let mut ps = with_avg(ps, avg);
                             for p in &mut ps {
                                 p.hosts = Some(h.clone());
                             }
                             let got = verify(&ps, alg).unwrap_or_else(|e| {
-                                panic!("{alg} {coll:?} hosts={hosts:?} count={count} in_place={in_place} chunks={chunks}: {e}")
+                                panic!("{alg} {coll:?} hosts={hosts:?} count={count} in_place={in_place} avg={avg} chunks={chunks}: {e}")
                             });
                             let want = hierarchical_implements(lv, coll.kind());
                             assert_eq!(got.is_some(), want, "{alg} {coll:?} hosts={hosts:?}");
@@ -657,10 +679,7 @@ fn hierarchical_pipelined() {
                 for lv in Levels::ALL {
                     let want = hierarchical_implements(lv, coll.kind());
                     for k in [2, 3, 8] {
-                        for in_place in [false, true] {
-                            if in_place && !runs_in_place(coll) {
-                                continue;
-                            }
+                        for (in_place, avg) in variants(coll) {
                             let chunks: &[usize] =
                                 if lv.intra == Level::Tree || lv.inter == Level::Tree {
                                     &[1, 3]
@@ -668,11 +687,11 @@ fn hierarchical_pipelined() {
                                     &[1]
                                 };
                             for &chunks in chunks {
-                                let mut ps =
-                                    with_chunks(problems(coll, n, count, in_place), chunks);
+                                let ps = with_chunks(problems(coll, n, count, in_place), chunks);
+                                let mut ps = with_avg(ps, avg);
                                 let what = format!(
                                     "{lv:?} {coll:?} hosts={hosts:?} count={count} pieces={k} \
-                                     in_place={in_place} chunks={chunks}"
+                                     in_place={in_place} avg={avg} chunks={chunks}"
                                 );
                                 let mut scheds = Vec::new();
                                 for p in &mut ps {
@@ -716,5 +735,89 @@ fn the_pre_copy_is_proven() {
         let ps = problems(coll, 3, 5, true);
         assert!(ps.iter().all(|p| crate::algo::frame::pre_copy(p).is_none()));
         verify(&ps, Algorithm::Direct).unwrap().unwrap();
+    }
+}
+
+/// An Avg reduction ends with its result divided by the rank count
+/// ([`crate::algo::frame::mean`]) exactly once, after its last contribution
+/// is in; any other reduction never. The verifier catches every way to get
+/// that wrong.
+#[test]
+fn the_mean_is_proven() {
+    let n = 3;
+    let built = |ps: &[Problem], f: &dyn Fn(&Problem, Vec<Step>) -> Vec<Step>| {
+        ps.iter()
+            .map(|p| {
+                let steps = crate::algo::frame::frame(p, Algorithm::Direct.steps(p).unwrap());
+                Schedule::new(p, f(p, steps))
+            })
+            .collect::<Vec<_>>()
+    };
+    let err = |ps: &[Problem], f: &dyn Fn(&Problem, Vec<Step>) -> Vec<Step>| {
+        run(ps, built(ps, f)).unwrap_err().0
+    };
+    for coll in [
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::Reduce { root: 1 },
+    ] {
+        let avg = with_avg(problems(coll, n, 4, false), true);
+        let sum = problems(coll, n, 4, false);
+        let holds = |p: &Problem| coll.root().is_none_or(|root| root == p.rank);
+        // As built: the mean where Avg, on the ranks with a result only.
+        run(&avg, built(&avg, &|_, s| s)).unwrap();
+        for p in &avg {
+            let last = Algorithm::Direct.build(p).unwrap().steps.pop();
+            assert_eq!(
+                matches!(last, Some(Step::Scale { divisor: 3, .. })),
+                holds(p),
+                "{coll:?} rank {}",
+                p.rank
+            );
+        }
+        // Avg left undivided.
+        let e = err(&avg, &|_, mut s| {
+            s.retain(|x| !matches!(x, Step::Scale { .. }));
+            s
+        });
+        assert!(e.contains("never divided"), "{coll:?}: {e}");
+        // A Sum divided.
+        let e = err(&sum, &|p, mut s| {
+            s.extend(crate::algo::frame::mean(p.coll, n, p.rank, p.count));
+            s
+        });
+        assert!(e.contains("not Avg"), "{coll:?}: {e}");
+        // Divided twice.
+        let e = err(&avg, &|_, mut s| {
+            if let Some(&last @ Step::Scale { .. }) = s.last() {
+                s.push(last);
+            }
+            s
+        });
+        assert!(e.contains("second time"), "{coll:?}: {e}");
+        // By the wrong count.
+        let e = err(&avg, &|_, s| {
+            s.into_iter()
+                .map(|x| match x {
+                    Step::Scale { dst, len, .. } => Step::Scale {
+                        dst,
+                        len,
+                        divisor: 2,
+                    },
+                    x => x,
+                })
+                .collect()
+        });
+        assert!(e.contains("not by the rank count"), "{coll:?}: {e}");
+        // Before the last contribution is in: divided first, then reduced.
+        let e = err(&avg, &|_, mut s| {
+            if let Some(&last @ Step::Scale { .. }) = s.last() {
+                s.pop();
+                let at = s.iter().position(|x| x.reduces()).unwrap();
+                s.insert(at, last);
+            }
+            s
+        });
+        assert!(e.contains("after it was divided"), "{coll:?}: {e}");
     }
 }
