@@ -86,3 +86,6 @@ pub fn frame(p: &Problem, body: Vec<Step>) -> Vec<Step> {
     s.extend(last);
     s
 }
+
+#[cfg(test)]
+mod tests;
