@@ -319,7 +319,9 @@ impl Sub<'_> {
             }
             let locs: Vec<Loc> = match st {
                 Step::Send { src, .. } => vec![src],
-                Step::Recv { dst, .. } | Step::RecvCopySend { dst, .. } => vec![dst],
+                Step::Recv { dst, .. }
+                | Step::RecvCopySend { dst, .. }
+                | Step::Scale { dst, .. } => vec![dst],
                 Step::RecvReduce { src, dst, .. }
                 | Step::RecvReduceSend { src, dst, .. }
                 | Step::Copy { src, dst, .. }
@@ -380,6 +382,11 @@ impl Sub<'_> {
                         src: m(src),
                         dst: m(dst),
                         len: n,
+                    },
+                    Step::Scale { dst, divisor, .. } => Step::Scale {
+                        dst: m(dst),
+                        len: n,
+                        divisor,
                     },
                     Step::Fence => Step::Fence,
                 });

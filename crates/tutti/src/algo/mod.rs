@@ -27,8 +27,9 @@
 //!
 //! Everything a collective does to the data is in its schedule: besides
 //! the algorithm's own steps, the [`frame`] every schedule of a collective
-//! begins with (the copy of this rank's data to its place in Output), so
-//! the verifier proves it and the cost model prices it like any other step.
+//! begins and ends with (the copy of this rank's data to its place in
+//! Output; the division that finishes an Avg), so the verifier proves it
+//! and the cost model prices it like any other step.
 
 mod direct;
 mod double_tree;

@@ -156,6 +156,14 @@ impl Collective {
         }
     }
 
+    /// True for the collectives that reduce (AllReduce, Reduce, ReduceScatter).
+    pub const fn reduces(&self) -> bool {
+        matches!(
+            self,
+            Collective::AllReduce | Collective::Reduce { .. } | Collective::ReduceScatter
+        )
+    }
+
     /// The root, for rooted collectives.
     pub const fn root(&self) -> Option<usize> {
         match *self {
@@ -198,10 +206,11 @@ pub struct VCounts {
 /// | Scatter | n*c, on the root only | c | – |
 /// | Send / Recv | c / – | – / c | – |
 ///
-/// Everything the collective does to the data is in the schedule: out of
-/// place, AllGather's schedule starts by copying this rank's block to its
-/// place in Output, and Broadcast's, on the root, by copying Input to
-/// Output ([`frame`](super::frame)). In place, that data is already there.
+/// Everything the collective does to the data is in the schedule
+/// ([`frame`](super::frame)): out of place, AllGather's schedule starts by
+/// copying this rank's block to its place in Output, and Broadcast's, on
+/// the root, by copying Input to Output (in place, that data is already
+/// there); an Avg reduction's ends by dividing the result by the rank count.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Problem {
     /// Which collective.
@@ -219,6 +228,11 @@ pub struct Problem {
     /// Output). Whether a rank runs in place is its own affair: the tuner
     /// prices every call out of place.
     pub in_place: bool,
+    /// The reduction is Avg: it reduces as Sum, and the schedule ends by
+    /// dividing the result by the rank count on the ranks that hold one
+    /// ([`frame`](super::frame)). Only for the collectives that
+    /// [reduce](Collective::reduces); ignored for the others.
+    pub avg: bool,
     /// AllToAllV counts.
     pub vcounts: Option<VCounts>,
     /// Pipeline chunks per block (at least 1); a tuned parameter. The ring
@@ -231,7 +245,7 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// A problem with no AllToAllV counts, out of place, one chunk.
+    /// A problem with no AllToAllV counts, out of place, not Avg, one chunk.
     pub fn new(coll: Collective, nranks: usize, rank: usize, count: usize) -> Self {
         Problem {
             coll,
@@ -239,6 +253,7 @@ impl Problem {
             rank,
             count,
             in_place: false,
+            avg: false,
             vcounts: None,
             chunks: 1,
             hosts: None,

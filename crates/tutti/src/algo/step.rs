@@ -121,6 +121,17 @@ pub enum Step {
         /// Elements.
         len: usize,
     },
+    /// Divides each of `len` elements at `dst` by `divisor`, in place: how
+    /// an Avg reduction ends (it reduces as Sum, then divides the result by
+    /// the rank count; see [`frame`](super::frame)).
+    Scale {
+        /// The elements.
+        dst: Loc,
+        /// Elements.
+        len: usize,
+        /// What they are divided by.
+        divisor: usize,
+    },
     /// Orders everything: no later step starts before every earlier step is done.
     Fence,
 }
@@ -153,7 +164,8 @@ impl Step {
             | Step::RecvReduceSend { len, .. }
             | Step::RecvCopySend { len, .. }
             | Step::Copy { len, .. }
-            | Step::Reduce { len, .. } => len,
+            | Step::Reduce { len, .. }
+            | Step::Scale { len, .. } => len,
             Step::Fence => 0,
         }
     }
@@ -181,6 +193,7 @@ impl Step {
             }
             Step::Copy { src, len, .. } => vec![r(src, len)],
             Step::Reduce { src, dst, len } => vec![r(src, len), r(dst, len)],
+            Step::Scale { dst, len, .. } => vec![r(dst, len)],
             _ => vec![],
         }
     }
@@ -193,7 +206,8 @@ impl Step {
             | Step::RecvReduceSend { dst, .. }
             | Step::RecvCopySend { dst, .. }
             | Step::Copy { dst, .. }
-            | Step::Reduce { dst, .. } => Some(dst),
+            | Step::Reduce { dst, .. }
+            | Step::Scale { dst, .. } => Some(dst),
             Step::Send { .. } | Step::Fence => None,
         }
     }

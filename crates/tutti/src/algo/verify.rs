@@ -12,6 +12,11 @@
 //! mismatches, reads of data never written, writes to the (read-only) Input
 //! of an out-of-place op, deadlocks, and wrong results.
 //!
+//! An Avg reduction ([`Problem::avg`]) must end with every result divided
+//! by the rank count ([`Step::Scale`]) exactly once, after its last
+//! contribution is in (a divided element may not be reduced again); any
+//! other reduction, never.
+//!
 //! Beside its symbol, every element carries a fingerprint of the order in
 //! which it was reduced (`a op b` and `b op a` differ, as may their bits
 //! for max/min of signed zeros or NaNs). AllReduce results must have the same
@@ -54,24 +59,72 @@ pub struct Report {
     pub rounds: usize,
 }
 
-/// An element in the simulation: its symbol and the fingerprint of its
-/// reduction order.
+/// An element in the simulation: its symbol, the fingerprint of its
+/// reduction order, and whether it was divided. Two elements with equal
+/// cells hold bitwise the same value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Cell {
-    sym: Sym,
-    shape: u64,
+pub struct Cell {
+    /// What it sums.
+    pub sym: Sym,
+    /// The fingerprint of the order it was reduced (and divided) in.
+    pub shape: u64,
+    /// Divided by the rank count ([`Step::Scale`]): the mean of what `sym`
+    /// sums, which may not be reduced further.
+    pub mean: bool,
 }
 
 impl Cell {
     /// Rank `rank`'s input element `idx`.
-    fn leaf(idx: usize, rank: usize) -> Self {
+    pub fn leaf(idx: usize, rank: usize) -> Self {
         Cell {
             sym: Sym {
                 idx,
                 ranks: 1u128 << rank,
             },
             shape: mix(rank as u64 + 1),
+            mean: false,
         }
+    }
+
+    /// `self (op) other`, `self` the local operand, or why the two may not
+    /// be reduced.
+    pub fn combine(&self, other: &Cell) -> Result<Cell, String> {
+        let (x, y) = (&self.sym, &other.sym);
+        if self.mean || other.mean {
+            Err(format!(
+                "reduces element {} after it was divided by the rank count",
+                x.idx
+            ))
+        } else if x.idx != y.idx {
+            Err(format!("reduces element {} with element {}", x.idx, y.idx))
+        } else if x.ranks & y.ranks != 0 {
+            Err(format!(
+                "counts contributions {:#x} twice at element {}",
+                x.ranks & y.ranks,
+                x.idx
+            ))
+        } else {
+            Ok(Cell {
+                sym: Sym {
+                    idx: x.idx,
+                    ranks: x.ranks | y.ranks,
+                },
+                shape: mix(self.shape.rotate_left(23) ^ mix(other.shape)),
+                mean: false,
+            })
+        }
+    }
+
+    /// `self` divided by the rank count, or why it may not be.
+    pub fn divided(&self) -> Result<Cell, String> {
+        if self.mean {
+            return Err("divides by the rank count a second time".into());
+        }
+        Ok(Cell {
+            shape: mix(self.shape ^ 0x5ca1e),
+            mean: true,
+            ..*self
+        })
     }
 }
 
@@ -83,7 +136,9 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-type Mem = Vec<Option<Cell>>;
+/// A buffer in the simulation: each element's cell, `None` where never
+/// written.
+pub type Mem = Vec<Option<Cell>>;
 
 struct RankState {
     sched: Schedule,
@@ -183,28 +238,9 @@ impl RankState {
 fn combine(rank: usize, i: usize, a: &[Cell], b: &[Cell]) -> Result<Vec<Cell>, VerifyError> {
     a.iter()
         .zip(b)
-        .map(|(cx, cy)| {
-            let (x, y) = (&cx.sym, &cy.sym);
-            if x.idx != y.idx {
-                Err(VerifyError(format!(
-                    "rank {rank} step {i}: reduces element {} with element {}",
-                    x.idx, y.idx
-                )))
-            } else if x.ranks & y.ranks != 0 {
-                Err(VerifyError(format!(
-                    "rank {rank} step {i}: counts contributions {:#x} twice at element {}",
-                    x.ranks & y.ranks,
-                    x.idx
-                )))
-            } else {
-                Ok(Cell {
-                    sym: Sym {
-                        idx: x.idx,
-                        ranks: x.ranks | y.ranks,
-                    },
-                    shape: mix(cx.shape.rotate_left(23) ^ mix(cy.shape)),
-                })
-            }
+        .map(|(x, y)| {
+            x.combine(y)
+                .map_err(|e| VerifyError(format!("rank {rank} step {i}: {e}")))
         })
         .collect()
 }
@@ -324,6 +360,15 @@ pub fn verify(problems: &[Problem], alg: Algorithm) -> Result<Option<Report>, Ve
 
 /// Runs the given schedules (one per rank) symbolically and checks results.
 pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, VerifyError> {
+    run_outputs(problems, scheds).map(|(report, _)| report)
+}
+
+/// [`run`], also returning every rank's Output as it ends (`None` where
+/// nothing was written).
+pub fn run_outputs(
+    problems: &[Problem],
+    scheds: Vec<Schedule>,
+) -> Result<(Report, Vec<Mem>), VerifyError> {
     let n = problems.len();
     assert!(n <= 128, "the verifier handles at most 128 ranks");
     let mut st: Vec<RankState> = Vec::new();
@@ -383,6 +428,24 @@ pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, Verify
                         let a = sr.read(r, i, dst, len)?;
                         let b = sr.read(r, i, src, len)?;
                         let d = combine(r, i, &a, &b)?;
+                        sr.write(r, i, dst, &d)?;
+                    }
+                    Step::Scale { dst, len, divisor } => {
+                        if divisor != n {
+                            return Err(VerifyError(format!(
+                                "rank {r} step {i}: divides by {divisor}, not by the rank count {n}"
+                            )));
+                        }
+                        let mut d = sr.read(r, i, dst, len)?;
+                        for (k, c) in d.iter_mut().enumerate() {
+                            *c = c.divided().map_err(|e| {
+                                VerifyError(format!(
+                                    "rank {r} step {i}: {e} at {:?}[{}]",
+                                    dst.buf,
+                                    dst.off + k
+                                ))
+                            })?;
+                        }
                         sr.write(r, i, dst, &d)?;
                     }
                     Step::Fence => {}
@@ -477,13 +540,26 @@ pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, Verify
     }
     for (r, s) in st.iter().enumerate() {
         let want = expected(problems, r);
-        let got = |k: usize| s.output.get(k).copied().flatten().map(|c| c.sym);
+        let cell = |k: usize| s.output.get(k).copied().flatten();
+        let got = |k: usize| cell(k).map(|c| c.sym);
         if let Some(k) = (0..want.len()).find(|&k| want[k].is_some() && got(k) != want[k]) {
             return Err(VerifyError(format!(
                 "rank {r}: Output[{k}] is {:?}, expected {:?}",
                 got(k),
                 want[k]
             )));
+        }
+        // An Avg result is the mean, divided once; nothing else is divided.
+        let p = &problems[r];
+        let mean = p.avg && p.coll.reduces();
+        if let Some(k) =
+            (0..want.len()).find(|&k| want[k].is_some() && cell(k).is_some_and(|c| c.mean != mean))
+        {
+            return Err(VerifyError(if mean {
+                format!("rank {r}: Output[{k}] is the sum, but the reduction is Avg: it is never divided by the rank count")
+            } else {
+                format!("rank {r}: Output[{k}] is divided by the rank count, but the reduction is not Avg")
+            }));
         }
     }
     if problems.first().map(|p| p.coll) == Some(Collective::AllReduce) {
@@ -499,7 +575,7 @@ pub fn run(problems: &[Problem], scheds: Vec<Schedule>) -> Result<Report, Verify
             }
         }
     }
-    Ok(report)
+    Ok((report, st.into_iter().map(|s| s.output).collect()))
 }
 
 /// One [`Problem`] per rank for `coll` on `n` ranks with `count` elements.

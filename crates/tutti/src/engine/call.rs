@@ -147,19 +147,15 @@ impl Engine {
             rank: r,
             count: c.count,
             in_place: false,
+            avg: false,
             vcounts: c.vcounts.clone(),
             chunks: 1,
             hosts: None,
         };
         let (mut ie, oe) = buffer_sizes(&p);
-        if c.coll == Collective::AllGather {
-            // The schedule finds this rank's block already in place; the
-            // engine copies it there from the send buffer.
-            ie = c.count;
-        }
         // Broadcast sends the root's `recv`. A root may pass its data in a
         // separate `send` instead (as NCCL's out-of-place broadcast does):
-        // the engine copies it into `recv` first, so it is an input of the
+        // the schedule copies it into `recv` first, so it is an input of the
         // whole message. A null or empty `send` means the data is in `recv`.
         let bcast_send =
             matches!(c.coll, Collective::Broadcast { root } if root == r) && input_of(c) != c.recv;

@@ -365,6 +365,17 @@ fn start_ready(
                 unsafe { reduce::reduce(env.cx.dtype, env.cx.op, d, d, s, len * esz) };
                 st.done = true;
             }
+            Step::Scale { dst, len, divisor } => {
+                let d = resolve(b, dst, len, esz)?;
+                if len > 0 {
+                    // SAFETY: bounds-checked by `resolve`; every step that
+                    // touches these bytes is done or waits for this one
+                    // (its dependencies), so nothing else accesses them.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(d, len * esz) };
+                    reduce::scale_avg(env.cx.dtype, buf, divisor);
+                }
+                st.done = true;
+            }
             Step::Fence => st.done = true,
             Step::Send { src, len, .. } => {
                 let p = resolve(b, src, len, esz)?;

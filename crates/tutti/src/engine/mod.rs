@@ -27,7 +27,7 @@ mod turns;
 use crate::algo::{Algorithm, Collective, Problem, VCounts};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::reduce::{self, DataType, ReduceOp};
+use crate::reduce::{DataType, ReduceOp};
 use crate::transport::mailbox::Mailbox;
 use crate::transport::shm::Doorbell;
 use crate::transport::tcp_io::IoSet;
@@ -340,7 +340,6 @@ impl Core {
             let planned = self.last.as_ref().is_some_and(|l| l.2.stream);
             let stream = self.config.shm_stream.unwrap_or(planned);
             self.run_oneshot(c, seq, op_tag(c), coll_seq, stream, abort)?;
-            self.finish_avg(c)?;
             if let (Some(t0), Some((p, ..))) = (entered, &self.last) {
                 // A trial's block: this call counts in it, as on every rank
                 // (some take this path, some not, by their buffers).
@@ -364,6 +363,8 @@ impl Core {
                 Collective::Broadcast { .. } => std::ptr::eq(c.input, c.output),
                 _ => c.in_place,
             },
+            // Avg's division is the schedule's last step (`algo::frame`).
+            avg: c.op == ReduceOp::Avg && c.coll.reduces(),
             vcounts: c.vcounts.clone(),
             chunks: 1,
             hosts: self.tune.hosts(),
@@ -433,7 +434,6 @@ impl Core {
         } else {
             self.run_schedule(c, seq, coll_seq, &plan, abort)?;
         }
-        self.finish_avg(c)?;
         // Online tuning's AllReduce (agreeing on a watch window's mean or
         // on trial times) runs inside this call: afterwards the flight
         // recorder shows this call's algorithm, and whether this call ran
@@ -469,23 +469,6 @@ impl Core {
             self.auto_colls += u64::from(c.algorithm.is_none());
             s
         }
-    }
-
-    /// Divides the result of an Avg reduction by the rank count.
-    fn finish_avg(&self, c: &OpCall) -> Result<()> {
-        if c.op == ReduceOp::Avg {
-            let finish = match c.coll {
-                Collective::AllReduce | Collective::ReduceScatter => true,
-                Collective::Reduce { root } => root == self.rank,
-                _ => false,
-            };
-            if finish {
-                // SAFETY: output holds output_len bytes, checked by `Engine::check`.
-                let out = unsafe { std::slice::from_raw_parts_mut(c.output, c.output_len) };
-                reduce::scale_avg(c.dtype, out, self.nranks);
-            }
-        }
-        Ok(())
     }
 }
 

@@ -127,8 +127,8 @@ impl CostModel {
         }
     }
 
-    /// Time of local step `st` (a copy or a reduction) of `bytes`, in
-    /// microseconds; 0 for other steps.
+    /// Time of local step `st` (a copy, a reduction or an Avg's division)
+    /// of `bytes`, in microseconds; 0 for other steps.
     ///
     /// Up to [`CACHED_STEP_BYTES`] a local step works in cache, at the rates
     /// the mailboxes measured (`mailbox_gbps`, `mailbox_reduce_gbps`: small
@@ -140,8 +140,11 @@ impl CostModel {
     pub fn local_us(&self, st: &Step, bytes: f64) -> f64 {
         let cached = bytes <= CACHED_STEP_BYTES as f64;
         let gbps = match st {
-            Step::Copy { .. } if cached => self.copy_gbps.max(self.mailbox_gbps),
-            Step::Copy { .. } => self.copy_gbps,
+            // A division is one pass over its bytes, as a copy is.
+            Step::Copy { .. } | Step::Scale { .. } if cached => {
+                self.copy_gbps.max(self.mailbox_gbps)
+            }
+            Step::Copy { .. } | Step::Scale { .. } => self.copy_gbps,
             Step::Reduce { .. } if cached => self.reduce_gbps.max(self.mailbox_reduce_gbps),
             Step::Reduce { .. } => self.reduce_gbps,
             _ => return 0.0,
@@ -154,7 +157,8 @@ impl CostModel {
 /// (`transport/mailbox.rs`, one-shot calls): `mailbox_us`, then the largest
 /// contribution copied into its slot, then the most any rank reads out of
 /// the peers' slots, each byte once: copying at `mailbox_gbps`, reducing
-/// at `mailbox_reduce_gbps`. `None` if the call does not fit a slot.
+/// at `mailbox_reduce_gbps`; an Avg's division as in a schedule. `None`
+/// if the call does not fit a slot.
 pub fn predict_mailbox(model: &CostModel, p: &Problem, elem: usize) -> Option<f64> {
     use crate::algo::Collective as C;
     let n = p.nranks;
@@ -178,7 +182,13 @@ pub fn predict_mailbox(model: &CostModel, p: &Problem, elem: usize) -> Option<f6
     } else {
         g
     };
-    Some(model.mailbox_us + publish / g / 1e3 + read / rg / 1e3)
+    // An Avg ends with the division every schedule of it ends with (on
+    // the root of a Reduce: the rank that finishes last).
+    let last = p.coll.root().unwrap_or(p.rank);
+    let mean = crate::algo::frame::mean(p.coll, n, last, p.count)
+        .filter(|_| p.avg)
+        .map_or(0.0, |s| model.local_us(&s, b));
+    Some(model.mailbox_us + publish / g / 1e3 + read / rg / 1e3 + mean)
 }
 
 /// Builds every rank's schedule of `p` (one [`Problem`] per rank derived
@@ -272,7 +282,9 @@ pub fn predict_one(
             + model.step_us;
         let bytes = (st.len() * elem) as f64;
         let t = match *st {
-            Step::Copy { .. } | Step::Reduce { .. } => ready + model.local_us(st, bytes),
+            Step::Copy { .. } | Step::Reduce { .. } | Step::Scale { .. } => {
+                ready + model.local_us(st, bytes)
+            }
             Step::Fence => ready,
             _ => {
                 let peer = st.send_peer().or(st.recv_peer()).unwrap_or(p.rank);
@@ -384,7 +396,7 @@ fn simulate(
                 progress = true;
                 let bytes = (r.s.steps[i].len() * elem) as f64;
                 match r.s.steps[i] {
-                    st @ (Step::Copy { .. } | Step::Reduce { .. }) => {
+                    st @ (Step::Copy { .. } | Step::Reduce { .. } | Step::Scale { .. }) => {
                         r.fin[i] = Some(t + model.local_us(&st, bytes))
                     }
                     Step::Fence => r.fin[i] = Some(t),

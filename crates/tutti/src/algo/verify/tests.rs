@@ -32,6 +32,30 @@ fn runs_in_place(coll: Collective) -> bool {
     )
 }
 
+/// The ways to run `coll`, as `(in_place, avg)`: in place where it can
+/// be ([`runs_in_place`]), Avg where it reduces.
+fn variants(coll: Collective) -> Vec<(bool, bool)> {
+    let mut v = vec![(false, false)];
+    if runs_in_place(coll) {
+        v.push((true, false));
+    }
+    if coll.reduces() {
+        v.push((false, true));
+        if runs_in_place(coll) {
+            v.push((true, true));
+        }
+    }
+    v
+}
+
+/// `ps` with [`Problem::avg`] set to `avg`.
+fn with_avg(mut ps: Vec<Problem>, avg: bool) -> Vec<Problem> {
+    for p in &mut ps {
+        p.avg = avg;
+    }
+    ps
+}
+
 /// What each algorithm implements; it must answer `None` for the rest.
 fn implements(alg: Algorithm, k: CollKind) -> bool {
     use CollKind::*;
@@ -56,10 +80,11 @@ fn implements(alg: Algorithm, k: CollKind) -> bool {
 fn check(ps: &[Problem], alg: Algorithm) -> Result<Option<Report>, String> {
     let coll = ps[0].coll;
     let what = format!(
-        "{alg} {coll:?} n={} count={} in_place={} chunks={}",
+        "{alg} {coll:?} n={} count={} in_place={} avg={} chunks={}",
         ps.len(),
         ps[0].count,
         ps[0].in_place,
+        ps[0].avg,
         ps[0].chunks
     );
     let got = verify(ps, alg).map_err(|e| format!("{what}: {e}"))?;
@@ -97,13 +122,10 @@ fn matrix() {
         for count in counts {
             for coll in colls(n) {
                 for alg in Algorithm::ALL {
-                    for in_place in [false, true] {
-                        if in_place && !runs_in_place(coll) {
-                            continue;
-                        }
+                    for (in_place, avg) in variants(coll) {
                         for &chunks in chunked(alg) {
                             let ps = with_chunks(problems(coll, n, count, in_place), chunks);
-                            check(&ps, alg).unwrap_or_else(|e| panic!("{e}"));
+                            check(&with_avg(ps, avg), alg).unwrap_or_else(|e| panic!("{e}"));
                             runs += 1;
                         }
                     }
@@ -380,11 +402,13 @@ proptest! {
         coll in 0usize..9,
         pick in any::<usize>(),
         in_place in any::<bool>(),
+        avg in any::<bool>(),
         chunks in 1usize..10,
     ) {
         let coll = coll_of(coll, n, pick);
         let in_place = in_place && runs_in_place(coll);
         let ps = with_chunks(problems(coll, n, count, in_place), chunks);
+        let ps = with_avg(ps, avg && coll.reduces());
         if let Err(e) = check(&ps, Algorithm::ALL[alg]) {
             prop_assert!(false, "{}", e);
         }
@@ -494,17 +518,15 @@ fn hierarchical_layouts() {
                     } else {
                         &[1]
                     };
-                    for in_place in [false, true] {
-                        if in_place && !runs_in_place(coll) {
-                            continue;
-                        }
+                    for (in_place, avg) in variants(coll) {
                         for &chunks in chunks {
-                            let mut ps = with_chunks(problems(coll, n, count, in_place), chunks);
+                            let ps = with_chunks(problems(coll, n, count, in_place), chunks);
+                            let mut ps = with_avg(ps, avg);
                             for p in &mut ps {
                                 p.hosts = Some(h.clone());
                             }
                             let got = verify(&ps, alg).unwrap_or_else(|e| {
-                                panic!("{alg} {coll:?} hosts={hosts:?} count={count} in_place={in_place} chunks={chunks}: {e}")
+                                panic!("{alg} {coll:?} hosts={hosts:?} count={count} in_place={in_place} avg={avg} chunks={chunks}: {e}")
                             });
                             let want = hierarchical_implements(lv, coll.kind());
                             assert_eq!(got.is_some(), want, "{alg} {coll:?} hosts={hosts:?}");
@@ -657,10 +679,7 @@ fn hierarchical_pipelined() {
                 for lv in Levels::ALL {
                     let want = hierarchical_implements(lv, coll.kind());
                     for k in [2, 3, 8] {
-                        for in_place in [false, true] {
-                            if in_place && !runs_in_place(coll) {
-                                continue;
-                            }
+                        for (in_place, avg) in variants(coll) {
                             let chunks: &[usize] =
                                 if lv.intra == Level::Tree || lv.inter == Level::Tree {
                                     &[1, 3]
@@ -668,11 +687,11 @@ fn hierarchical_pipelined() {
                                     &[1]
                                 };
                             for &chunks in chunks {
-                                let mut ps =
-                                    with_chunks(problems(coll, n, count, in_place), chunks);
+                                let ps = with_chunks(problems(coll, n, count, in_place), chunks);
+                                let mut ps = with_avg(ps, avg);
                                 let what = format!(
                                     "{lv:?} {coll:?} hosts={hosts:?} count={count} pieces={k} \
-                                     in_place={in_place} chunks={chunks}"
+                                     in_place={in_place} avg={avg} chunks={chunks}"
                                 );
                                 let mut scheds = Vec::new();
                                 for p in &mut ps {
@@ -696,25 +715,4 @@ fn hierarchical_pipelined() {
         }
     }
     assert!(runs > 2_500, "{runs}");
-}
-
-/// Out of place, AllGather's Output starts empty and a Broadcast root's
-/// data is in its Input: without the frame's copy ([`crate::algo::frame`])
-/// a rank's own block never arrives, and the verifier says so. In place the
-/// data is already there and the frame copies nothing.
-#[test]
-fn the_pre_copy_is_proven() {
-    for coll in [Collective::AllGather, Collective::Broadcast { root: 1 }] {
-        let ps = problems(coll, 3, 5, false);
-        let bare = ps
-            .iter()
-            .map(|p| Schedule::new(p, Algorithm::Direct.steps(p).unwrap()))
-            .collect();
-        let e = run(&ps, bare).unwrap_err();
-        assert!(e.0.contains("Output"), "{coll:?}: {e}");
-        verify(&ps, Algorithm::Direct).unwrap().unwrap();
-        let ps = problems(coll, 3, 5, true);
-        assert!(ps.iter().all(|p| crate::algo::frame::pre_copy(p).is_none()));
-        verify(&ps, Algorithm::Direct).unwrap().unwrap();
-    }
 }
