@@ -13,7 +13,7 @@
 //! Where the rank, size and master come from: [`UniqueId`] (launcher-free,
 //! like `ncclGetUniqueId`), or the environment ([`EnvInfo::from_env`]).
 
-pub mod rank_table;
+pub use crate::config::rank_table;
 pub mod store;
 
 pub use crate::config::launch::EnvInfo;
@@ -113,13 +113,7 @@ impl FromStr for UniqueId {
         let rest = s.trim().strip_prefix("tutti1:").ok_or_else(bad)?;
         let (addr, tok) = rest.rsplit_once(':').ok_or_else(bad)?;
         let addr: SocketAddr = addr.parse().map_err(|_| bad())?;
-        if tok.len() != 32 {
-            return Err(bad());
-        }
-        let mut token = [0u8; 16];
-        for (i, t) in token.iter_mut().enumerate() {
-            *t = u8::from_str_radix(&tok[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
+        let token = crate::config::launch::parse_token(tok).ok_or_else(bad)?;
         Ok(UniqueId { addr, token })
     }
 }

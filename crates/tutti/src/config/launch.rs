@@ -4,9 +4,8 @@
 //! Read here and nowhere else in the library; [`Config`](super::Config)
 //! holds the settings.
 
+use super::rank_table::RankTable;
 use super::var;
-use crate::bootstrap::rank_table::RankTable;
-use crate::bootstrap::UniqueId;
 use crate::error::{Error, Result};
 use std::str::FromStr;
 
@@ -129,15 +128,47 @@ pub(crate) fn read() -> Result<(EnvInfo, Option<RankTable>)> {
 
 /// The job's auth token from `TUTTI_TOKEN` (32 hex digits), if set; for
 /// [`EnvInfo::from_env`], and for bindings that build a
-/// [`UniqueId`] from a master's address themselves.
+/// [`UniqueId`](crate::bootstrap::UniqueId) from a master's address
+/// themselves.
 pub fn token_from_env() -> Result<Option<[u8; 16]>> {
     match var("TUTTI_TOKEN") {
         None => Ok(None),
-        Some(t) => {
-            let id: UniqueId = format!("tutti1:0.0.0.0:0:{}", t.trim())
-                .parse()
-                .map_err(|_| Error::Config("TUTTI_TOKEN must be 32 hex digits".into()))?;
-            Ok(Some(id.token))
-        }
+        Some(t) => parse_token(t.trim())
+            .map(Some)
+            .ok_or_else(|| Error::Config("TUTTI_TOKEN must be 32 hex digits".into())),
+    }
+}
+
+/// A job's auth token written as 32 hex digits, or `None` if `s` is not
+/// exactly that.
+pub(crate) fn parse_token(s: &str) -> Option<[u8; 16]> {
+    let digits = s.as_bytes();
+    if digits.len() != 32 {
+        return None;
+    }
+    let nibble = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut token = [0u8; 16];
+    for (t, pair) in token.iter_mut().zip(digits.chunks_exact(2)) {
+        *t = nibble(pair[0])? << 4 | nibble(pair[1])?;
+    }
+    Some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_token;
+
+    #[test]
+    fn tokens_are_exactly_32_hex_digits() {
+        let t = parse_token("00112233445566778899aabbccddeeFF").unwrap();
+        assert_eq!(t[0], 0x00);
+        assert_eq!(t[1], 0x11);
+        assert_eq!(t[15], 0xff);
+        assert_eq!(parse_token("0011"), None);
+        assert_eq!(parse_token("0011223344556677889 aabbccddeeff"), None);
+        assert_eq!(parse_token("+0112233445566778899aabbccddeeff"), None);
+        // 32 bytes of two-byte characters: rejected, not a panic on a
+        // character boundary.
+        assert_eq!(parse_token(&"é".repeat(16)), None);
     }
 }

@@ -8,6 +8,7 @@
 
 mod algo_override;
 pub mod launch;
+pub mod rank_table;
 
 use crate::error::{Error, Result};
 pub use algo_override::AlgoOverride;
@@ -169,7 +170,7 @@ impl Default for Config {
             review: true,
             topo_file: None,
             tcp_sockets: None,
-            tcp_chunk: crate::transport::tcp::DEFAULT_CHUNK,
+            tcp_chunk: crate::sizes::TCP_DEFAULT_CHUNK,
             tcp_io_thread: None,
             tcp_congestion: TcpCongestion::Auto,
             calibrate: Calibrate::Auto,
@@ -307,7 +308,7 @@ impl Config {
         }
         if let Some(v) = var("TUTTI_TCP_SOCKETS") {
             if !v.trim().eq_ignore_ascii_case("auto") {
-                let max = crate::transport::tcp::MAX_LANES;
+                let max = crate::sizes::TCP_MAX_LANES;
                 match v.trim().parse::<usize>() {
                     Ok(k) if (1..=max).contains(&k) => c.tcp_sockets = Some(k),
                     _ => {
@@ -405,7 +406,7 @@ impl Config {
     /// How waiting ops poll when `ranks_here` ranks share this host's cores:
     /// (how long before sleeping, whether to yield the core while polling).
     pub(crate) fn spin_for(&self, ranks_here: usize) -> (Duration, bool) {
-        let cores = crate::transport::sys::online_cpus();
+        let cores = crate::topo::online_cpus();
         let over = ranks_here > cores;
         let d = self.spin.unwrap_or(if over {
             Duration::from_micros(50)

@@ -7,8 +7,42 @@
 
 pub mod iface;
 
-use crate::transport::TransportKind;
 use serde::{Deserialize, Serialize};
+
+/// Which transport a link uses (for `tutti topo` and tests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// Threads of one process.
+    Local,
+    /// Processes on one host, shared memory.
+    Shm,
+    /// TCP sockets.
+    Tcp,
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TransportKind::Local => "local",
+            TransportKind::Shm => "shm",
+            TransportKind::Tcp => "tcp",
+        })
+    }
+}
+
+/// The machine's online CPUs. Not `available_parallelism`, which counts
+/// this process's affinity mask: a rank bound to one core would conclude
+/// that its peers (bound to the others) share that core with it.
+pub(crate) fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 {
+        n as usize
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+}
 
 /// This process's host identity.
 pub fn host_id(explicit: Option<&str>) -> String {
@@ -81,11 +115,7 @@ impl Topology {
         self.hosts
             .iter()
             .map(|h| {
-                let cpus = if h.cpus > 0 {
-                    h.cpus
-                } else {
-                    crate::transport::sys::online_cpus()
-                };
+                let cpus = if h.cpus > 0 { h.cpus } else { online_cpus() };
                 cpus as f64 / h.ranks.len() as f64
             })
             .fold(1.0, f64::min)

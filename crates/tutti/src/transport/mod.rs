@@ -66,27 +66,7 @@ pub(crate) struct Header {
     pub len: u64,
 }
 
-/// Which transport a link uses (for `tutti topo` and tests).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TransportKind {
-    /// Threads of one process.
-    Local,
-    /// Processes on one host, shared memory.
-    Shm,
-    /// TCP sockets.
-    Tcp,
-}
-
-impl std::fmt::Display for TransportKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            TransportKind::Local => "local",
-            TransportKind::Shm => "shm",
-            TransportKind::Tcp => "tcp",
-        })
-    }
-}
+pub use crate::topo::TransportKind;
 
 /// A connection to one peer.
 pub(crate) enum Link {

@@ -185,18 +185,7 @@ pub(crate) fn ppoll(fds: &mut [libc::pollfd], timeout: Duration) {
     }
 }
 
-/// The machine's online CPUs. Not `available_parallelism`, which counts
-/// this process's affinity mask: a rank bound to one core would conclude
-/// that its peers (bound to the others) share that core with it.
-pub(crate) fn online_cpus() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    if n > 0 {
-        n as usize
-    } else {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    }
-}
+pub(crate) use crate::topo::online_cpus;
 
 /// This process's id.
 pub(crate) fn pid() -> i32 {

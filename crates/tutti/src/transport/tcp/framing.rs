@@ -7,10 +7,10 @@ use std::io;
 use std::time::Duration;
 
 /// The most sockets a link may have.
-pub(crate) const MAX_LANES: usize = 8;
+pub(crate) const MAX_LANES: usize = crate::sizes::TCP_MAX_LANES;
 
 /// Frames are at most this long when a link has several lanes.
-pub(crate) const DEFAULT_CHUNK: usize = 256 << 10;
+pub(crate) const DEFAULT_CHUNK: usize = crate::sizes::TCP_DEFAULT_CHUNK;
 
 /// The longest frame header: a message header and a frame offset.
 pub(crate) const FRAME_HDR_MAX: usize = HEADER_BYTES + 8;

@@ -19,7 +19,7 @@
 //! identity is its host's `name`, so the table, not the machine, decides
 //! which ranks share memory. `token` is optional (32 hex digits).
 
-use super::EnvInfo;
+use super::launch::{parse_token, EnvInfo};
 use crate::error::{Error, Result};
 use serde::Deserialize;
 
@@ -91,15 +91,13 @@ impl RankTable {
             )));
         }
         let host = self.host_of(rank).expect("checked by parse");
-        let token = match &self.token {
-            None => None,
-            Some(t) => Some(
-                format!("tutti1:0.0.0.0:0:{t}")
-                    .parse::<super::UniqueId>()
-                    .map_err(|_| Error::Config("rank table: token must be 32 hex digits".into()))?
-                    .token,
-            ),
-        };
+        let token =
+            match &self.token {
+                None => None,
+                Some(t) => Some(parse_token(t).ok_or_else(|| {
+                    Error::Config("rank table: token must be 32 hex digits".into())
+                })?),
+            };
         Ok(EnvInfo {
             rank,
             world_size: n,
