@@ -45,6 +45,11 @@ backward receives in flight together) can deadlock. A receive whose tensor is no
 size of the message makes both sides raise :class:`tutti.SizeMismatchError`; the group
 stays usable.
 
+Batches and the rest. Coalesced calls (``all_reduce_coalesced``, ``all_gather_coalesced``,
+``_coalescing_manager``'s batches) are one tutti op per batch (tutti._torch_coalesced);
+sparse COO tensors all-reduce with SUM (tutti._torch_sparse); ``group.monitored_barrier``
+names the ranks that did not arrive (tutti._torch_barrier); ``barrier(timeout=)`` is honoured.
+
 Limits. CPU tensors only. torch's C++-level coalescing (``supports_coalescing``) is not
 offered: ``batch_isend_irecv`` calls send/recv once per op, each posting at once.
 """

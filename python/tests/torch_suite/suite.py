@@ -5,9 +5,9 @@ Runs torch's ``torch.testing._internal.distributed.distributed_test`` the way to
 per test, a ``file://`` store, ``BACKEND``/``WORLD_SIZE``/``TEMP_DIR`` in the environment),
 for backend ``tutti`` (or ``gloo``, to compare), and writes one line of JSON per test::
 
-    python suite.py --backend tutti --world-size 2 --out results-tutti-2.json
+    python suite.py --backend tutti --world-size 2 --out tutti-2.json
     python suite.py --backend gloo --world-size 3 -k all_reduce --timeout 120
-    python table.py results-*.json          # the pass/fail/skip table, tutti beside gloo
+    python table.py tutti-2.json gloo-2.json  # the pass/fail/skip table, tutti beside gloo
 
 What this driver changes in the harness, and why (nothing else is patched):
 
@@ -72,6 +72,8 @@ LIFTED = {
     "test_monitored_barrier_gloo_rank_0_timeout": "the same when rank 0 is late",
     "test_monitored_barrier_failure_order": "monitored_barrier reports the first missing rank",
     "test_monitored_barrier_wait_all_ranks": "monitored_barrier(wait_all_ranks=True) names them all",
+    "test_all_gather_object_default_pg": "all_gather_object on CPU (gated on backends with GPUs; only nccl uses them)",
+    "test_all_gather_object_subgroup": "the same on a subgroup",
     "test_static_graph_multi_forward": "DDP static_graph with several forwards",
     "test_sync_bn_logged": "SyncBatchNorm use is logged by DDP",
 }
@@ -91,13 +93,20 @@ EXCEPTIONS = {
 
 
 class _Gate(ast.NodeTransformer):
-    """``BACKEND`` -> ``_GATE_BACKEND`` inside comparisons, ``{"gloo"}`` -> ``{"gloo", "tutti"}``."""
+    """``BACKEND`` -> ``_GATE_BACKEND`` inside comparisons, ``{"gloo"}`` -> ``{"gloo", "tutti"}``,
+    ``DistTestCases.backend_feature[f]`` -> ``DistTestCases.backend_feature[f] | {"tutti"}``."""
 
     def visit_Compare(self, node: ast.Compare) -> ast.AST:
         for sub in ast.walk(node):
             if isinstance(sub, ast.Name) and sub.id == "BACKEND":
                 sub.id = "_GATE_BACKEND"
         return node
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        if ast.unparse(node.value) == "DistTestCases.backend_feature":
+            tutti = ast.Set(elts=[ast.Constant(value="tutti")])
+            return ast.copy_location(ast.BinOp(left=node, op=ast.BitOr(), right=tutti), node)
+        return self.generic_visit(node)
 
     def visit_Set(self, node: ast.Set) -> ast.AST:
         if any(isinstance(e, ast.Constant) and e.value == "gloo" for e in node.elts):
