@@ -87,3 +87,22 @@ def test_bad_input_raises_before_sending():
         assert "SUM only" in msgs["sparse max"], msgs
         assert msgs["coalesced dtypes"] is not None, msgs  # torch or tutti refuses it
         assert "one per rank" in msgs["gather lists"], msgs
+
+
+def f_mismatched_lists(rank, n, port):
+    import torch
+
+    dist = _init(rank, n, port, seconds=30)
+    ts = [torch.ones(4) for _ in range(2 + rank)]  # rank 0 passes 2 tensors, rank 1 passes 3
+    try:
+        dist.all_reduce_coalesced(ts)
+    except RuntimeError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def test_mismatched_tensor_lists_raise_on_every_rank():
+    out = check_all(spawn(2, f_mismatched_lists, timeout=90), "mismatched lists")
+    for r, msg in enumerate(out):
+        assert msg is not None, f"rank {r} did not notice that the ranks' lists differ"
+        assert msg.split(":")[0] in ("MismatchError", "TimeoutError", "PeerLostError"), msg
