@@ -226,9 +226,7 @@ class ProcessGroupTutti(CoalescedOps, dist.ProcessGroup):
         elif not isinstance(opts, AllreduceOptions):  # pg.allreduce(tensors, ReduceOp)
             op, opts = opts, AllreduceOptions()
             opts.reduceOp = op
-        if any(t.layout != torch.strided for t in tensors):
-            return sparse_allreduce(self, tensors, opts.reduceOp)
-        if len(tensors) == 1:  # the fast path: one contiguous CPU tensor of a native type
+        if len(tensors) == 1:  # the fast path: one contiguous (so not sparse) CPU tensor of a native type
             t = tensors[0]
             if t.is_cpu and t.is_contiguous():
                 code = _DT.get(t.dtype)
@@ -241,6 +239,8 @@ class ProcessGroupTutti(CoalescedOps, dist.ProcessGroup):
                         self._call(C.ALL_REDUCE, 0, code, opc, n, p, nb, p, nb)
                         return _DONE
                     return self._async1(C.ALL_REDUCE, 0, code, opc, n, p, nb, p, nb, tensors)
+        if any(t.layout != torch.strided for t in tensors):
+            return sparse_allreduce(self, tensors, opts.reduceOp)
         post: list = []
         calls = []
         bufs = []
