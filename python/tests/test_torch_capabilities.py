@@ -106,3 +106,49 @@ def test_mismatched_tensor_lists_raise_on_every_rank():
     for r, msg in enumerate(out):
         assert msg is not None, f"rank {r} did not notice that the ranks' lists differ"
         assert msg.split(":")[0] in ("MismatchError", "TimeoutError", "PeerLostError"), msg
+
+
+def f_coalescing_manager(rank, n, port):
+    import torch
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    dist = _init(rank, n, port)
+    sizes = [3, 1, 5]
+    # all_gather_into_tensor batched: output j holds every rank's input j, rank-major
+    ins = [torch.arange(s, dtype=torch.float32) + 100 * rank + 10 * j for j, s in enumerate(sizes)]
+    outs = [torch.full((n * s,), -1.0) for s in sizes]
+    comm = dist.group.WORLD.comm
+    before = comm.ops_done()
+    with _coalescing_manager():
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    assert comm.ops_done() == before + 1, "the batch was not one tutti op"
+    for j, (o, s) in enumerate(zip(outs, sizes)):
+        want = torch.cat([torch.arange(s, dtype=torch.float32) + 100 * r + 10 * j for r in range(n)])
+        assert torch.equal(o, want), (j, o, want)
+    # reduce_scatter_tensor batched: output j is block `rank` of the sum of inputs j
+    ins = [torch.arange(n * s, dtype=torch.float32) * (rank + 1) + j for j, s in enumerate(sizes)]
+    outs = [torch.zeros(s) for s in sizes]
+    with _coalescing_manager(async_ops=True) as cm:
+        for o, i in zip(outs, ins):
+            dist.reduce_scatter_tensor(o, i)
+    cm.wait()
+    tot = sum(range(1, n + 1))
+    for j, (o, s) in enumerate(zip(outs, sizes)):
+        full = torch.arange(n * s, dtype=torch.float32) * tot + n * j
+        assert torch.equal(o, full[rank * s:(rank + 1) * s]), (j, o, full)
+    # all_reduce batched, tensors not back to back
+    ts = [torch.full((s,), float(rank + 1)) for s in sizes]
+    before = comm.ops_done()
+    with _coalescing_manager():
+        for t in ts:
+            dist.all_reduce(t)
+    assert comm.ops_done() == before + 1, "the batch was not one tutti op"
+    assert all(torch.equal(t, torch.full_like(t, float(tot))) for t in ts)
+    dist.destroy_process_group()
+    return True
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_coalescing_manager_batches(n):
+    check_all(spawn(n, f_coalescing_manager, timeout=90), "coalescing manager")
