@@ -33,7 +33,7 @@ PY="$VENV/bin/python"
 "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
 pkgs=("maturin>=1.5,<2" "numpy" "pytest")
 if [ "$TORCH_SPEC" != "none" ]; then
-    pkgs+=("$TORCH_SPEC")
+    pkgs+=("$TORCH_SPEC" "expecttest")  # expecttest: torch's test harness (tests/torch_suite)
 fi
 "$PY" -m pip install -q --disable-pip-version-check "${pkgs[@]}"
 "$PY" -c 'import numpy, sys; print("python", sys.version.split()[0], "numpy", numpy.__version__)'

@@ -14,7 +14,11 @@ import builtins
 
 
 class TuttiError(RuntimeError):
-    """Base class of every error from the tutti core."""
+    """Base class of every error from the tutti core. Its message starts with ``tutti:``."""
+
+    def __str__(self) -> str:
+        s = super().__str__()
+        return s if s.startswith("tutti") else "tutti: " + s
 
 
 class TimeoutError(TuttiError, builtins.TimeoutError):  # noqa: A001 - deliberately shadows

@@ -87,7 +87,9 @@ def _moved(t: torch.Tensor) -> tuple:
 
 def _cpu(t: torch.Tensor) -> None:
     if not t.is_cpu:
-        raise ValueError(f"tutti: the backend handles CPU tensors only; got one on {t.device}")
+        raise ValueError(f"tutti: the backend handles CPU tensors only; got a {tuple(t.shape)} {t.dtype} tensor on "
+                         f"{t.device}. Move it with .cpu(), or give GPU tensors their own backend "
+                         "(a group with backend='nccl' or 'gloo')")
 
 
 def _src(t: torch.Tensor) -> torch.Tensor:

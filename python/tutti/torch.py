@@ -45,6 +45,11 @@ backward receives in flight together) can deadlock. A receive whose tensor is no
 size of the message makes both sides raise :class:`tutti.SizeMismatchError`; the group
 stays usable.
 
+Batches and the rest. Coalesced calls (``all_reduce_coalesced``, ``all_gather_coalesced``,
+``_coalescing_manager``'s batches) are one tutti op per batch (tutti._torch_coalesced);
+sparse COO tensors all-reduce with SUM (tutti._torch_sparse); ``group.monitored_barrier``
+names the ranks that did not arrive (tutti._torch_barrier); ``barrier(timeout=)`` is honoured.
+
 Limits. CPU tensors only. torch's C++-level coalescing (``supports_coalescing``) is not
 offered: ``batch_isend_irecv`` calls send/recv once per op, each posting at once.
 """
@@ -72,6 +77,9 @@ from torch._C._distributed_c10d import (
 from . import _codes as C
 from . import _native, _net
 from ._comm import _tag
+from ._torch_barrier import monitored_barrier as _monitored_barrier
+from ._torch_coalesced import CoalescedOps
+from ._torch_sparse import sparse_allreduce
 from ._torch_util import (
     _DONE,
     _DT,
@@ -109,7 +117,7 @@ _UID_KEY = "tutti/unique_id"
 _groups: "weakref.WeakSet[ProcessGroupTutti]" = weakref.WeakSet()
 
 
-class ProcessGroupTutti(dist.ProcessGroup):
+class ProcessGroupTutti(CoalescedOps, dist.ProcessGroup):
     """A torch.distributed ProcessGroup backed by a tutti communicator (see the module doc)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Any = None):
@@ -156,12 +164,14 @@ class ProcessGroupTutti(dist.ProcessGroup):
         self._comm.abort()
 
     # ---- plumbing ----
-    def _submit(self, calls: list, keep: Any, post: list, outputs: Any, async_op: bool) -> Any:
-        """Runs `calls` (tuples of _call's first nine arguments plus vcounts) in order."""
+    def _submit(self, calls: list, keep: Any, post: list, outputs: Any, async_op: bool,
+                timeout: Optional[float] = None) -> Any:
+        """Runs `calls` (tuples of _call's first nine arguments plus vcounts) in order;
+        `timeout` (seconds) replaces the group's for these calls."""
         call = self._call
         if not async_op:
             for c in calls:
-                call(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], None, False, None, None, c[9])
+                call(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], timeout, False, None, None, c[9])
             for p in post:
                 p()
             return _DONE
@@ -173,7 +183,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
             done(None)
             return _DoneWork(outputs)
         one = _all_of(len(calls), done)
-        ws = [call(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], None, True, (keep, outputs), one, c[9])
+        ws = [call(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], timeout, True, (keep, outputs), one, c[9])
               for c in calls]
         return TuttiWork(ws, fut, outputs)
 
@@ -216,7 +226,7 @@ class ProcessGroupTutti(dist.ProcessGroup):
         elif not isinstance(opts, AllreduceOptions):  # pg.allreduce(tensors, ReduceOp)
             op, opts = opts, AllreduceOptions()
             opts.reduceOp = op
-        if len(tensors) == 1:  # the fast path: one contiguous CPU tensor of a native type
+        if len(tensors) == 1:  # the fast path: one contiguous (so not sparse) CPU tensor of a native type
             t = tensors[0]
             if t.is_cpu and t.is_contiguous():
                 code = _DT.get(t.dtype)
@@ -229,6 +239,8 @@ class ProcessGroupTutti(dist.ProcessGroup):
                         self._call(C.ALL_REDUCE, 0, code, opc, n, p, nb, p, nb)
                         return _DONE
                     return self._async1(C.ALL_REDUCE, 0, code, opc, n, p, nb, p, nb, tensors)
+        if any(t.layout != torch.strided for t in tensors):
+            return sparse_allreduce(self, tensors, opts.reduceOp)
         post: list = []
         calls = []
         bufs = []
@@ -239,14 +251,6 @@ class ProcessGroupTutti(dist.ProcessGroup):
             nb = b.numel() * b.element_size()
             calls.append((C.ALL_REDUCE, 0, code, opc, b.numel(), b.data_ptr(), nb, b.data_ptr(), nb, None))
         return self._submit(calls, bufs, post, tensors, _async_op(opts))
-
-    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
-        o = AllreduceOptions()
-        if opts is not None:
-            o.reduceOp = opts.reduceOp
-            if hasattr(o, "asyncOp"):
-                o.asyncOp = _async_op(opts)
-        return self.allreduce(tensors, o)
 
     # ---- broadcast ----
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
@@ -334,33 +338,6 @@ class ProcessGroupTutti(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
-    def allgather_coalesced(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
-        return self.allgather(output_lists, inputs, opts)
-
-    def allgather_into_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
-                                        opts: Any = None) -> Any:
-        return self._coalesced(self.all_gather_single, outputs, inputs, opts, AllgatherOptions)
-
-    all_gather_single_coalesced = allgather_into_tensor_coalesced
-
-    def _coalesced(self, f: Callable[..., Any], outputs: Any, inputs: Any, opts: Any, mk: Any) -> Any:
-        async_op = True if opts is None else _async_op(opts)
-        inner = mk()
-        for a in ("reduceOp",):
-            if opts is not None and hasattr(opts, a):
-                setattr(inner, a, getattr(opts, a))
-        if hasattr(inner, "asyncOp"):
-            inner.asyncOp = async_op
-        w = _DONE
-        natives: list = []
-        for o, i in zip(outputs, inputs):
-            w = f(o, i, inner)
-            if isinstance(w, TuttiWork):
-                natives.extend(w._ws)
-        if isinstance(w, TuttiWork):
-            return TuttiWork(natives, _then(w._fut, outputs), outputs)
-        return _DoneWork(outputs)
-
     # ---- reduce_scatter ----
     def reduce_scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]],
                        opts: Any = None) -> Any:
@@ -411,12 +388,6 @@ class ProcessGroupTutti(dist.ProcessGroup):
         return self._submit([call], (src, dst), post, [output], _async_op(opts))
 
     _reduce_scatter_base = reduce_scatter_single
-
-    def reduce_scatter_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
-                                        opts: Any = None) -> Any:
-        return self._coalesced(self.reduce_scatter_single, outputs, inputs, opts, ReduceScatterOptions)
-
-    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     # ---- all_to_all ----
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
@@ -599,7 +570,13 @@ class ProcessGroupTutti(dist.ProcessGroup):
     # ---- barrier ----
     def barrier(self, opts: Any = None) -> Any:
         async_op = True if opts is None else _async_op(opts)
-        return self._submit([(C.BARRIER, 0, C.U8, C.OP_SUM, 0, 0, 0, 0, 0, None)], None, [], [], async_op)
+        timeout = None if opts is None else _seconds(getattr(opts, "timeout", None))
+        return self._submit([(C.BARRIER, 0, C.U8, C.OP_SUM, 0, 0, 0, 0, 0, None)], None, [], [], async_op, timeout)
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """``dist.monitored_barrier``: rank 0 names the ranks that did not arrive within
+        `timeout` (the first, or all with `wait_all_ranks`); see tutti._torch_barrier."""
+        _monitored_barrier(self, timeout, wait_all_ranks)
 
 
 def _all_of(n: int, done: Callable[[Optional[BaseException]], None]) -> Callable[[Optional[BaseException]], None]:
@@ -618,22 +595,6 @@ def _all_of(n: int, done: Callable[[Optional[BaseException]], None]) -> Callable
             done(state["err"])
 
     return one
-
-
-def _then(fut: torch.futures.Future, value: Any) -> torch.futures.Future:
-    """A future completed with `value` once `fut` completes (or with its error)."""
-    out = torch.futures.Future()
-
-    def cb(f: torch.futures.Future) -> None:
-        try:
-            f.value()
-        except BaseException as e:  # noqa: BLE001
-            out.set_exception(e)
-            return
-        out.set_result(value)
-
-    fut.add_done_callback(cb)
-    return out
 
 
 def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupTutti:
