@@ -307,7 +307,7 @@ pub unsafe extern "C" fn tuttiCommSplit(
                 .split(color, key as i64)
                 .map_err(|e| Failure::of(c, CALL, &e))?;
             let opts = if config.is_null() {
-                c.opts.clone()
+                c.opts
             } else {
                 opts_for(&w)
             };
@@ -381,7 +381,7 @@ pub unsafe extern "C" fn tuttiCommShrink(
             }
             let s = c.comm.shrink(&dead).map_err(|e| Failure::of(c, CALL, &e))?;
             let opts = if config.is_null() {
-                c.opts.clone()
+                c.opts
             } else {
                 opts_for(&w)
             };

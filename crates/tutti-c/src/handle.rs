@@ -14,6 +14,9 @@ use std::sync::{Arc, Mutex};
 use tutti::{Communicator, Error, Options};
 
 /// A communicator (opaque): one rank's membership of a group.
+// Aligned so that the reference count, which every call touches, has a
+// cache line of its own (not shared with state other threads write).
+#[repr(align(128))]
 pub struct tuttiComm {
     pub(crate) comm: Communicator,
     /// Per-call options from the config (algorithm, deadline).
