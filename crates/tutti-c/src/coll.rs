@@ -16,6 +16,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use tutti::{Collective, DataType, RawCall, RawP2p, ReduceOp};
 
+#[inline(always)]
 fn dtype_of(t: tuttiDataType_t) -> Option<DataType> {
     Some(match t {
         tuttiInt8 => DataType::I8,
@@ -32,6 +33,7 @@ fn dtype_of(t: tuttiDataType_t) -> Option<DataType> {
     })
 }
 
+#[inline(always)]
 fn op_of(o: tuttiRedOp_t) -> Option<ReduceOp> {
     Some(match o {
         tuttiSum => ReduceOp::Sum,
@@ -51,6 +53,7 @@ struct Check<'a> {
 }
 
 impl<'a> Check<'a> {
+    #[inline(always)]
     fn new(c: &'a Arc<tuttiComm>, name: &'static str, t: tuttiDataType_t) -> Result<Self, Failure> {
         let dtype = dtype_of(t).ok_or_else(|| {
             Failure::arg(format!(
@@ -62,18 +65,22 @@ impl<'a> Check<'a> {
         Ok(Check { c, name, dtype })
     }
 
+    #[cold]
     fn arg(&self, msg: impl std::fmt::Display) -> Failure {
         Failure::arg(format!("{}: {}: {msg}", self.c.who(), self.name))
     }
 
+    #[inline(always)]
     fn rank(&self) -> usize {
         self.c.comm.rank()
     }
 
+    #[inline(always)]
     fn size(&self) -> usize {
         self.c.comm.size()
     }
 
+    #[inline(always)]
     fn redop(&self, o: tuttiRedOp_t) -> Result<ReduceOp, Failure> {
         op_of(o).ok_or_else(|| {
             self.arg(format!(
@@ -84,6 +91,7 @@ impl<'a> Check<'a> {
     }
 
     /// `root` as a rank of this communicator.
+    #[inline(always)]
     fn root(&self, root: c_int, what: &str) -> Result<usize, Failure> {
         let n = self.size();
         if root < 0 || root as usize >= n {
@@ -95,6 +103,7 @@ impl<'a> Check<'a> {
     }
 
     /// Bytes of `count * times` elements, without overflow.
+    #[inline(always)]
     fn bytes(&self, count: usize, times: usize) -> Result<usize, Failure> {
         count
             .checked_mul(times)
@@ -105,6 +114,7 @@ impl<'a> Check<'a> {
 
     /// `ptr` as a buffer of `len` bytes: an error if NULL with `len > 0`;
     /// a dangling, aligned pointer if empty.
+    #[inline(always)]
     fn buf(&self, ptr: *const c_void, len: usize, what: &str) -> Result<*mut u8, Failure> {
         if len == 0 {
             return Ok(std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8);
@@ -116,6 +126,7 @@ impl<'a> Check<'a> {
     }
 
     /// An error if `[a, a+al)` and `[b, b+bl)` overlap (the call is not in place).
+    #[inline(always)]
     fn disjoint(&self, a: *mut u8, al: usize, b: *mut u8, bl: usize) -> Result<(), Failure> {
         let (a, b) = (a as usize, b as usize);
         if al > 0 && bl > 0 && a < b + bl && b < a + al {
@@ -127,6 +138,7 @@ impl<'a> Check<'a> {
         Ok(())
     }
 
+    #[inline(always)]
     fn call(&self, coll: Collective, op: ReduceOp, count: usize) -> RawCall {
         RawCall {
             coll,
@@ -142,6 +154,7 @@ impl<'a> Check<'a> {
     }
 
     /// Runs or queues the call.
+    #[inline(always)]
     fn go(self, kind: Kind, stage: Option<Stage>, queue: tuttiQueue_t) -> Result<(), Failure> {
         // The common case, a blocking collective without staging, runs
         // here without making an owned op (one reference count less).

@@ -14,6 +14,7 @@ use crate::handle::{guard, tuttiComm, Failure};
 use crate::queue::{queue_ref, tuttiQueue, tuttiQueue_t};
 use crate::*;
 use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use tutti::{RawCall, RawP2p, Work};
 
@@ -103,9 +104,17 @@ struct QueuePtr(tuttiQueue_t);
 // behind locks); the caller keeps a queue alive while ops use it.
 unsafe impl Send for QueuePtr {}
 
+/// Threads with an open group, process-wide: while none has one (the
+/// common case), a call learns that it is not in a group from one relaxed
+/// load of a line nobody writes, without a thread-local lookup (which a
+/// shared library pays a function call for). A thread always sees its
+/// own increment, so a thread with an open group never reads 0.
+static OPEN_GROUPS: AtomicUsize = AtomicUsize::new(0);
+
 /// Whether this thread is between `tuttiGroupStart` and `tuttiGroupEnd`.
+#[inline]
 pub(crate) fn in_group() -> bool {
-    DEPTH.with(|d| d.get()) > 0
+    OPEN_GROUPS.load(Ordering::Relaxed) > 0 && DEPTH.with(|d| d.get()) > 0
 }
 
 /// Runs `op` now (NULL queue), on `queue`, or keeps it for the open group.
@@ -223,7 +232,12 @@ impl Meeting {
 /// collected, not run. Groups nest; the outermost end runs them.
 #[no_mangle]
 pub extern "C" fn tuttiGroupStart() -> tuttiResult_t {
-    DEPTH.with(|d| d.set(d.get() + 1));
+    DEPTH.with(|d| {
+        if d.get() == 0 {
+            OPEN_GROUPS.fetch_add(1, Ordering::Relaxed);
+        }
+        d.set(d.get() + 1)
+    });
     tuttiSuccess
 }
 
@@ -247,6 +261,7 @@ pub extern "C" fn tuttiGroupEnd() -> tuttiResult_t {
         if depth > 1 {
             return Ok(());
         }
+        OPEN_GROUPS.fetch_sub(1, Ordering::Relaxed);
         let all = OPS.with(|o| std::mem::take(&mut *o.borrow_mut()));
         if all.is_empty() {
             return Ok(());

@@ -69,6 +69,7 @@ impl tuttiComm {
 /// # Safety
 /// `h` must be NULL or a handle returned by this library and not yet
 /// destroyed (its last reference not yet released).
+#[inline(always)]
 pub(crate) unsafe fn comm_ref(h: tuttiComm_t, call: &str) -> Result<Arc<tuttiComm>, String> {
     if h.is_null() {
         return Err(format!("{call}: comm is NULL"));
@@ -126,6 +127,7 @@ impl Failure {
     }
 
     /// A Rust error of `call` on `c`.
+    #[cold]
     pub(crate) fn of(c: &tuttiComm, call: &str, e: &Error) -> Self {
         Failure {
             code: code_of(e),
@@ -136,6 +138,7 @@ impl Failure {
 
 /// Runs `f` with panics caught: a panic is [`tuttiInternalError`]. A
 /// failure is recorded on `comm` (if any) and on this thread.
+#[inline(always)]
 pub(crate) fn guard(
     name: &str,
     comm: Option<&tuttiComm>,
@@ -168,6 +171,7 @@ pub(crate) fn guard(
 ///
 /// # Safety
 /// As for [`comm_ref`].
+#[inline(always)]
 pub(crate) unsafe fn with_comm(
     name: &str,
     h: tuttiComm_t,
