@@ -354,9 +354,14 @@ impl Communicator {
     /// `tutti run`), torchrun, Slurm or Open MPI variables, in that order
     /// (see [`EnvInfo::from_env`](crate::EnvInfo::from_env)).
     pub fn from_env() -> Result<Communicator> {
+        Self::from_env_with(Config::from_env()?)
+    }
+
+    /// [`from_env`](Communicator::from_env) with an explicit configuration
+    /// (the job's layout still comes from the launcher's variables).
+    pub fn from_env_with(mut config: Config) -> Result<Communicator> {
         let (e, table) = crate::config::launch::read()?;
         let id = e.unique_id()?;
-        let mut config = Config::from_env()?;
         if let Some(t) = table.filter(|_| config.host_id.is_none()) {
             // The table decides which ranks share a host.
             config.host_id = t.host_of(e.rank).map(|h| h.name.clone());
