@@ -6,6 +6,8 @@
 //!   nccl-tests (see [`perf`]).
 //! * `tutti topo` prints what a communicator found: hosts, local ranks,
 //!   transports, interfaces and the tuner's choices (see [`topo`]).
+//! * `tutti sim CLUSTER [WORKLOAD]` predicts collectives and training steps
+//!   on a described cluster (see [`sim`]).
 //! * `tutti trace DIR` reads the flight-recorder files that ranks wrote to
 //!   `TUTTI_TRACE_DIR` after a failure and says which rank is behind.
 //!
@@ -16,6 +18,7 @@
 mod launch;
 mod perf;
 mod plot;
+mod sim;
 mod topo;
 
 use clap::{Parser, Subcommand};
@@ -42,6 +45,8 @@ enum Cmd {
     Perf(Box<perf::PerfArgs>),
     /// Print hosts, local ranks, transports, interfaces and algorithm choices.
     Topo(topo::TopoArgs),
+    /// Predict collectives or a training step on a described cluster (file or preset).
+    Sim(Box<sim::SimArgs>),
     /// Read the flight-recorder files in DIR (from TUTTI_TRACE_DIR) and say which rank is behind.
     Trace(TraceArgs),
 }
@@ -82,7 +87,7 @@ fn trace(a: TraceArgs) -> Result<i32, String> {
 fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
-    if matches!(cli.cmd, Cmd::Perf(_) | Cmd::Topo(_)) {
+    if matches!(cli.cmd, Cmd::Perf(_) | Cmd::Topo(_) | Cmd::Sim(_)) {
         // `tutti perf | head` should end quietly, as other Unix tools do,
         // rather than panic on a closed stdout.
         // SAFETY: restoring the default action of a signal has no preconditions.
@@ -94,6 +99,7 @@ fn main() -> ExitCode {
         Cmd::Run(a) => launch::main(a),
         Cmd::Perf(a) => perf::main(*a),
         Cmd::Topo(a) => topo::main(a),
+        Cmd::Sim(a) => sim::main(*a),
         Cmd::Trace(a) => trace(a),
     };
     match r {
