@@ -456,9 +456,3 @@ pub(super) fn run(a: &SimArgs, c: &Checked) -> Result<String, String> {
     }
     Ok(out)
 }
-
-/// Auto's pick for the largest bucket, for tests.
-#[cfg(test)]
-pub(crate) fn largest_pick(c: &Checked, w: &Workload) -> Option<price::Priced> {
-    step_time(c, w, None).ok()?.pick
-}
