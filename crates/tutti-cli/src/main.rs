@@ -8,6 +8,8 @@
 //!   transports, interfaces and the tuner's choices (see [`topo`]).
 //! * `tutti sim CLUSTER [WORKLOAD]` predicts collectives and training steps
 //!   on a described cluster (see [`sim`]).
+//! * `tutti explain RUN.json --cluster CLUSTER` reads a `tutti perf
+//!   --json` run and says how close it came to its links (see [`explain`]).
 //! * `tutti trace DIR` reads the flight-recorder files that ranks wrote to
 //!   `TUTTI_TRACE_DIR` after a failure and says which rank is behind.
 //!
@@ -15,6 +17,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod explain;
 mod launch;
 mod perf;
 mod plot;
@@ -47,6 +50,8 @@ enum Cmd {
     Topo(topo::TopoArgs),
     /// Predict collectives or a training step on a described cluster (file or preset).
     Sim(Box<sim::SimArgs>),
+    /// Explain a `tutti perf --json` run against the model of its cluster's links.
+    Explain(explain::ExplainArgs),
     /// Read the flight-recorder files in DIR (from TUTTI_TRACE_DIR) and say which rank is behind.
     Trace(TraceArgs),
 }
@@ -100,6 +105,7 @@ fn main() -> ExitCode {
         Cmd::Perf(a) => perf::main(*a),
         Cmd::Topo(a) => topo::main(a),
         Cmd::Sim(a) => sim::main(*a),
+        Cmd::Explain(a) => explain::main(a),
         Cmd::Trace(a) => trace(a),
     };
     match r {
