@@ -155,11 +155,13 @@ pub(crate) fn auto_pick(v: &[Priced]) -> Option<Priced> {
 
 /// The algorithms `tutti sim` considers: every flat one and every
 /// hierarchical level choice ([`Algorithm::VARIANTS`]); above 256 ranks
-/// only the default hierarchical levels, to keep thousands of ranks in
-/// seconds.
+/// only the default hierarchical levels and not direct nor two-shot (whose
+/// n x n messages never win there, and take minutes to build), to keep
+/// thousands of ranks in tens of seconds.
 pub(crate) fn candidates(nranks: usize) -> Vec<Algorithm> {
     let mut v: Vec<Algorithm> = Algorithm::VARIANTS.to_vec();
     if nranks > 256 {
+        v.retain(|&a| a != Algorithm::Direct && a != Algorithm::TwoShot);
         let mut seen = false;
         v.retain(|a| {
             if !a.is_hierarchical() {
