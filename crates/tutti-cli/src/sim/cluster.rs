@@ -229,9 +229,11 @@ impl Cluster {
                 "a whole number of at least 1, or leave it out",
             ));
         }
-        let mut model = CostModel::default();
-        model.shm = shm;
-        model.local = shm;
+        let mut model = CostModel {
+            shm,
+            local: shm,
+            ..CostModel::default()
+        };
         if let Some(r) = h.reduce_gbit {
             model.reduce_gbps = r / 8.0;
         }

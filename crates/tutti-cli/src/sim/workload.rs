@@ -9,7 +9,7 @@
 //! (or, sparsified, all-gathered as values and indices) after the bucket
 //! before it, on one communicator, as calls run in issue order. With
 //! overlap off every bucket waits for the end of the backward pass. Each
-//! call is priced by the fabric simulation ([`price`](super::price)), the
+//! call is priced by the fabric simulation ([`super::price`]), the
 //! algorithm being Auto's pick for its size unless one is forced.
 
 use super::cluster::Checked;

@@ -2,7 +2,7 @@
 //! an event-driven timed simulation in which the ranks of a host share its
 //! network ports (NICs) and the hosts share an oversubscribed switch.
 //!
-//! The rules per message are those of [`cost`](super::cost): a message
+//! The rules per message are those of [`super::cost`]: a message
 //! costs `alpha + bytes / bandwidth` of its link class, a reducing receive
 //! moves at most at the reduction rate, local copies and reductions cost
 //! [`CostModel::local_us`], every step `step_us`, and a fused step forwards
