@@ -172,3 +172,62 @@ pub(crate) fn explain(a: &ExplainArgs) -> Result<String, String> {
     s += "\nstragglers: not in a perf --json file (they need the flight recorder's per-op timings, not yet recorded)\n";
     Ok(s)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `tutti perf --json` file of 2 x 4 ranks, written by hand.
+    fn run_file(algo: &str) -> PathBuf {
+        let row = |size: usize, t: f64| {
+            serde_json::json!({
+                "label": "tutti", "coll": "all_reduce", "nranks": 8, "size_bytes": size,
+                "count": size / 4, "iters": 10, "time_us": t, "algbw_GBps": size as f64 / t / 1e3,
+                "busbw_GBps": size as f64 / t / 1e3 * 1.75, "wrong": null, "in_place": false,
+                "dtype": "f32", "op": "sum", "root": -1, "algo": algo, "transport": "shm+tcp"
+            })
+        };
+        let v = serde_json::json!({
+            "meta": {"nranks": 8, "hosts": [{"id": "a"}, {"id": "b"}]},
+            "rows": [row(1024, 300.0), row(4 << 20, 40_000.0)],
+        });
+        let p = std::env::temp_dir().join(format!(
+            "tutti-explain-{}-{}.json",
+            std::process::id(),
+            algo.len()
+        ));
+        std::fs::write(&p, v.to_string()).unwrap();
+        p
+    }
+
+    #[test]
+    fn reads_a_perf_run_and_names_what_differs() {
+        let p = run_file("auto:direct");
+        let a = ExplainArgs {
+            run: p.clone(),
+            cluster: "ns-1g".into(),
+        };
+        let s = explain(&a).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        assert!(s.contains("8 ranks on 2 host(s)"), "{s}");
+        assert!(
+            s.contains("small (< 64 KiB)") && s.contains("large (>= 4 MiB)"),
+            "{s}"
+        );
+        // Direct for 4 MiB across hosts is never the model's best.
+        assert!(s.contains("Auto ran direct"), "{s}");
+    }
+
+    #[test]
+    fn rejects_what_is_not_a_perf_run() {
+        let p = std::env::temp_dir().join(format!("tutti-explain-bad-{}.json", std::process::id()));
+        std::fs::write(&p, "{\"rows\": 3}").unwrap();
+        let e = explain(&ExplainArgs {
+            run: p.clone(),
+            cluster: "ns-1g".into(),
+        })
+        .unwrap_err();
+        std::fs::remove_file(&p).unwrap();
+        assert!(e.contains("no rows"), "{e}");
+    }
+}
