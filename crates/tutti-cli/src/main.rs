@@ -6,6 +6,10 @@
 //!   nccl-tests (see [`perf`]).
 //! * `tutti topo` prints what a communicator found: hosts, local ranks,
 //!   transports, interfaces and the tuner's choices (see [`topo`]).
+//! * `tutti sim CLUSTER [WORKLOAD]` predicts collectives and training steps
+//!   on a described cluster (see [`sim`]).
+//! * `tutti explain RUN.json --cluster CLUSTER` reads a `tutti perf
+//!   --json` run and says how close it came to its links (see [`explain`]).
 //! * `tutti trace DIR` reads the flight-recorder files that ranks wrote to
 //!   `TUTTI_TRACE_DIR` after a failure and says which rank is behind.
 //!
@@ -13,9 +17,11 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod explain;
 mod launch;
 mod perf;
 mod plot;
+mod sim;
 mod topo;
 
 use clap::{Parser, Subcommand};
@@ -42,6 +48,10 @@ enum Cmd {
     Perf(Box<perf::PerfArgs>),
     /// Print hosts, local ranks, transports, interfaces and algorithm choices.
     Topo(topo::TopoArgs),
+    /// Predict collectives or a training step on a described cluster (file or preset).
+    Sim(Box<sim::SimArgs>),
+    /// Explain a `tutti perf --json` run against the model of its cluster's links.
+    Explain(explain::ExplainArgs),
     /// Read the flight-recorder files in DIR (from TUTTI_TRACE_DIR) and say which rank is behind.
     Trace(TraceArgs),
 }
@@ -82,7 +92,7 @@ fn trace(a: TraceArgs) -> Result<i32, String> {
 fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
-    if matches!(cli.cmd, Cmd::Perf(_) | Cmd::Topo(_)) {
+    if matches!(cli.cmd, Cmd::Perf(_) | Cmd::Topo(_) | Cmd::Sim(_)) {
         // `tutti perf | head` should end quietly, as other Unix tools do,
         // rather than panic on a closed stdout.
         // SAFETY: restoring the default action of a signal has no preconditions.
@@ -94,6 +104,8 @@ fn main() -> ExitCode {
         Cmd::Run(a) => launch::main(a),
         Cmd::Perf(a) => perf::main(*a),
         Cmd::Topo(a) => topo::main(a),
+        Cmd::Sim(a) => sim::main(*a),
+        Cmd::Explain(a) => explain::main(a),
         Cmd::Trace(a) => trace(a),
     };
     match r {

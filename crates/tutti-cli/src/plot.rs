@@ -66,3 +66,39 @@ pub(crate) fn busbw_svg(path: &Path, title: &str, series: &[Series]) -> Result<(
     root.present().map_err(|x| e(&x))?;
     Ok(())
 }
+
+/// Draws scaling efficiency (percent) against ranks into an SVG at `path`.
+pub(crate) fn efficiency_svg(
+    path: &Path,
+    title: &str,
+    points: &[(u64, f64)],
+) -> Result<(), String> {
+    let e = |e: &dyn std::fmt::Display| format!("cannot draw {}: {e}", path.display());
+    let xmax = points.iter().map(|p| p.0).max().unwrap_or(1).max(2) as f64;
+    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(64)
+        .build_cartesian_2d((1.0..xmax).log_scale().base(2.0), 0.0..105.0)
+        .map_err(|x| e(&x))?;
+    chart
+        .configure_mesh()
+        .x_desc("ranks")
+        .y_desc("scaling efficiency (%)")
+        .x_label_formatter(&|x| format!("{}", x.round()))
+        .draw()
+        .map_err(|x| e(&x))?;
+    let line: Vec<(f64, f64)> = points.iter().map(|&(x, y)| (x as f64, y)).collect();
+    let color = Palette99::pick(0).to_rgba();
+    chart
+        .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
+        .map_err(|x| e(&x))?;
+    chart
+        .draw_series(line.into_iter().map(|p| Circle::new(p, 3, color.filled())))
+        .map_err(|x| e(&x))?;
+    root.present().map_err(|x| e(&x))?;
+    Ok(())
+}

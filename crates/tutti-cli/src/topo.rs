@@ -29,6 +29,10 @@ pub(crate) struct TopoArgs {
     /// Save the topology (tutti::topo::Topology, as rank 0 sees it) as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Save this machine and network as a `tutti sim` cluster file (TOML),
+    /// with the calibrated link numbers, to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub save: Option<PathBuf>,
     /// Internal: this process is a rank started by `tutti topo -n N`.
     #[arg(long, hide = true)]
     pub as_rank: bool,
@@ -83,7 +87,47 @@ pub(crate) fn main(a: TopoArgs) -> Result<i32, String> {
             .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
         eprintln!("tutti topo: wrote {}", p.display());
     }
+    if let Some(p) = &a.save {
+        let text = cluster_file(&comm).to_toml()?;
+        std::fs::write(p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+        eprintln!(
+            "tutti topo: wrote {} (tutti sim {} ...)",
+            p.display(),
+            p.display()
+        );
+    }
     Ok(0)
+}
+
+/// This communicator's hosts and calibrated links as a `tutti sim` cluster.
+fn cluster_file(comm: &Communicator) -> crate::sim::cluster::Cluster {
+    use crate::sim::cluster::{Cluster, HostLevel, NetLevel};
+    let topo = comm.topology();
+    let m = comm.cost_model();
+    let per_host = topo.hosts.iter().map(|h| h.ranks.len()).max().unwrap_or(1);
+    let cores = topo.hosts.iter().map(|h| h.cpus).filter(|&c| c > 0).min();
+    // Rounded: calibration is a measurement, not a spec.
+    let r = |x: f64| (x * 1000.0).round() / 1000.0;
+    Cluster {
+        name: format!("saved by tutti topo from {} rank(s)", comm.size()),
+        hosts: Some(topo.hosts.len()),
+        ranks_per_host: Some(per_host),
+        shared_cores: None,
+        host: Some(HostLevel {
+            bandwidth_gbit: Some(r(m.shm.gbps * 8.0)),
+            latency_us: Some(r(m.shm.alpha_us)),
+            cores,
+            reduce_gbit: Some(r(m.reduce_gbps * 8.0)),
+            copy_gbit: Some(r(m.copy_gbps * 8.0)),
+        }),
+        network: (topo.hosts.len() > 1).then(|| NetLevel {
+            bandwidth_gbit: Some(r(m.tcp.gbps * 8.0)),
+            latency_us: Some(r(m.tcp.alpha_us)),
+            ports: 1,
+            oversubscription: 1.0,
+            stream_gbit: None,
+        }),
+    }
 }
 
 /// Bytes each rank contributes to the interface exchange.

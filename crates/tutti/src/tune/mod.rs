@@ -8,6 +8,7 @@
 pub(crate) mod calibrate;
 mod candidates;
 pub mod cost;
+pub mod fabric;
 pub mod online;
 mod price;
 mod select;
