@@ -22,7 +22,9 @@
 //! use 1 and 2 instead). Every expected output is then a formula of `r` and
 //! `i`, exact in every type, and a block from the wrong rank or offset shows.
 
-use tutti::{CollKind, Collective, Communicator, DataType, Element, Options, RawCall, ReduceOp};
+use tutti::{
+    CollKind, Collective, Communicator, DataType, Element, Options, RawCall, RawP2p, ReduceOp,
+};
 
 /// An element type `tutti perf` can fill and check.
 pub(crate) trait Val: Element + Copy {
@@ -332,52 +334,54 @@ impl<'a, T: Val> Bench<'a, T> {
         let (n, r) = (self.comm.size(), self.comm.rank());
         let (sp, sl) = (self.send.as_ptr(), self.send.len());
         let (rp, rl) = (self.recv.as_mut_ptr(), self.recv.len());
-        // At most two calls, kept on the stack: the timed loop allocates nothing.
-        let calls: (RawCall, Option<RawCall>) = match self.kind {
-            CollKind::AllReduce if self.in_place => {
-                (self.raw(Collective::AllReduce, rp, rl, rp, rl), None)
-            }
-            CollKind::Broadcast => (
-                self.raw(Collective::Broadcast { root: self.root }, rp, rl, rp, rl),
-                None,
-            ),
-            CollKind::SendRecv => {
-                // Ops on a communicator run one after the other, so a ring
-                // of blocking sends would wait on itself: even ranks send
-                // first, odd ranks receive first.
-                let send = self.raw(
-                    Collective::Send { peer: (r + 1) % n },
-                    sp,
-                    sl,
-                    std::ptr::null_mut(),
-                    0,
-                );
-                let recv = self.raw(
-                    Collective::Recv {
-                        peer: (r + n - 1) % n,
-                    },
-                    std::ptr::null(),
-                    0,
-                    rp,
-                    rl,
-                );
-                if r.is_multiple_of(2) {
-                    (send, Some(recv))
-                } else {
-                    (recv, Some(send))
+        if self.kind == CollKind::SendRecv {
+            // Both directions at once, as NCCL's sendrecv test does in one
+            // group: each rank posts its send to the next rank and its
+            // receive from the previous one, then waits for both.
+            let ops = [
+                RawP2p {
+                    send: true,
+                    peer: Some((r + 1) % n),
+                    ptr: sp.cast::<u8>().cast_mut(),
+                    len: sl * std::mem::size_of::<T>(),
+                    tag: 0,
+                    exact: true,
+                },
+                RawP2p {
+                    send: false,
+                    peer: Some((r + n - 1) % n),
+                    ptr: rp.cast::<u8>(),
+                    len: rl * std::mem::size_of::<T>(),
+                    tag: 0,
+                    exact: true,
+                },
+            ];
+            for _ in 0..k {
+                // SAFETY: `self.send` and `self.recv` are valid for the lengths
+                // given, do not overlap, and `&mut self` keeps anything else
+                // from touching them until both ops are waited for below.
+                let posted = unsafe { self.comm.post_p2p_raw(&ops, self.opts.timeout) };
+                for (work, _) in posted {
+                    work.wait()?;
                 }
             }
-            k => (self.raw(collective(k, self.root), sp, sl, rp, rl), None),
+            return Ok(());
+        }
+        // At most one call, kept on the stack: the timed loop allocates nothing.
+        let call: RawCall = match self.kind {
+            CollKind::AllReduce if self.in_place => self.raw(Collective::AllReduce, rp, rl, rp, rl),
+            CollKind::Broadcast => {
+                self.raw(Collective::Broadcast { root: self.root }, rp, rl, rp, rl)
+            }
+            k => self.raw(collective(k, self.root), sp, sl, rp, rl),
         };
         for _ in 0..k {
-            for c in std::iter::once(&calls.0).chain(calls.1.as_ref()) {
-                // In place, send and recv are the same buffer, which AllReduce
-                // and Broadcast allow.
-                // SAFETY: the pointers come from `self.send`/`self.recv` (or are
-                // null with length 0), valid for the lengths given; `&mut self`
-                // keeps anything else from touching them until run_raw returns.
-                unsafe { self.comm.run_raw(c, &self.opts)? };
-            }
+            // In place, send and recv are the same buffer, which AllReduce
+            // and Broadcast allow.
+            // SAFETY: the pointers come from `self.send`/`self.recv` (or are
+            // null with length 0), valid for the lengths given; `&mut self`
+            // keeps anything else from touching them until run_raw returns.
+            unsafe { self.comm.run_raw(&call, &self.opts)? };
         }
         Ok(())
     }

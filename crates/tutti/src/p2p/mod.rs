@@ -233,10 +233,16 @@ fn run(shared: Arc<Shared>, s: Setup) {
         let posts = {
             let mut q = shared.lock();
             if q.stop {
+                // Ops still queued or in flight fail; a clean shutdown (all
+                // done) leaves the links alone and says nothing.
+                let posts = std::mem::take(&mut q.posts);
                 drop(q);
-                st.fail_all(Error::Internal(
-                    "the communicator was destroyed while a send or receive was pending".into(),
-                ));
+                if !posts.is_empty() || !st.idle() {
+                    st.accept(posts);
+                    st.fail_all(Error::Internal(
+                        "the communicator was destroyed while a send or receive was pending".into(),
+                    ));
+                }
                 return;
             }
             if q.posts.is_empty() && st.idle() {

@@ -306,9 +306,15 @@ impl Lanes {
             if hdr_left == 0 && ready == 0 {
                 break; // waiting for the bytes to become ready
             }
-            // SAFETY: at + ready <= avail: the caller guarantees these bytes
-            // are readable and stable.
-            let payload = unsafe { std::slice::from_raw_parts(ptr.add(at), ready) };
+            // An empty message may come with a null pointer, which no slice
+            // may hold, not even an empty one.
+            let payload: &[u8] = if ready == 0 {
+                &[]
+            } else {
+                // SAFETY: at + ready <= avail: the caller guarantees these
+                // bytes are readable and stable (and so `ptr` is not null).
+                unsafe { std::slice::from_raw_parts(ptr.add(at), ready) }
+            };
             let r = if hdr_left > 0 {
                 let bufs = [
                     IoSlice::new(&l.tx_hbuf[l.tx_hdr..hb]),
