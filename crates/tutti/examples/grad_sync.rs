@@ -84,7 +84,7 @@ fn train(c: &Communicator) -> tutti::Result<f32> {
             local = l[0] / c.size() as f32;
             loss = local;
             let s = step / ACCUMULATE;
-            if c.rank() == 0 && (s % 10 == 0 || s == STEPS - 1) {
+            if c.rank() == 0 && (s.is_multiple_of(10) || s == STEPS - 1) {
                 println!("step {s:3}  loss {loss:.6}");
             }
         }

@@ -159,13 +159,13 @@ fn accumulates(c: &Communicator, _: &Ctx) {
             let micro: Vec<f32> = (0..GRADS[t]).map(|i| grad_val(r, step, t, i)).collect();
             gs.accumulate(t, &micro).expect("accumulate");
             gs.mark_ready(t).expect("mark_ready");
-            if (step + 1) % every != 0 {
+            if !(step + 1).is_multiple_of(every) {
                 let k = gs.bucket_of(t).expect("bucket");
                 assert!(!gs.started(k), "no sync yet");
             }
         }
         let synced = gs.wait().expect("wait");
-        assert_eq!(synced, (step + 1) % every == 0, "step {step}");
+        assert_eq!(synced, (step + 1).is_multiple_of(every), "step {step}");
         if synced {
             let window = step + 1 - every..=step;
             for &t in &ids {
