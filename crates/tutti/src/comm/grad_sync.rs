@@ -387,7 +387,8 @@ impl<'c> GradSync<'c> {
     /// let i = gs.register("w", 2)?;
     /// gs.mark_ready(i)?;
     /// assert!(gs.mark_ready(i).is_err());
-    /// assert!(gs.started(gs.bucket_of(i)?));
+    /// let k = gs.bucket_of(i)?;
+    /// assert!(gs.started(k));
     /// # gs.wait()?;
     /// # Ok::<(), tutti::Error>(())
     /// ```
