@@ -1,6 +1,8 @@
 //! The public face: [`Communicator`].
 
 mod calibrate;
+mod fusion;
+mod grad_sync;
 mod ops;
 mod p2p;
 mod shrink;
@@ -8,6 +10,8 @@ mod split;
 mod work;
 
 pub use crate::engine::{Options, RawCall};
+pub use fusion::{FusionOptions, ManyWork, DEFAULT_BUCKET_BYTES};
+pub use grad_sync::GradSync;
 pub use p2p::{P2pHandle, P2pOp, RawP2p, Received};
 pub use work::Work;
 
