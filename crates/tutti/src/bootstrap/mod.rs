@@ -20,9 +20,9 @@ pub use crate::config::launch::EnvInfo;
 use crate::config::{Config, TransportChoice};
 use crate::error::{Error, Result};
 use crate::topo::{self, Topology};
-use crate::transport::shm::{self, DirectRead, Layout, Segment, P2P_CHANNEL};
+use crate::transport::shm::{self, Segment};
 use crate::transport::tcp::{self, IoSet};
-use crate::transport::{sys, Link, TransportKind};
+use crate::transport::{sys, Link, LinkOps};
 use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
@@ -150,15 +150,8 @@ impl EnvInfo {
     }
 }
 
-/// A way for the ranks being connected to swap small messages: the store
-/// (first set-up) or the parent communicator (split).
-pub(crate) trait Exchange {
-    /// Every participant contributes `mine`; returns all contributions in
-    /// participant order. Every participant must call it the same number of times.
-    fn allgather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
-    /// Waits until every participant has arrived.
-    fn barrier(&mut self) -> Result<()>;
-}
+/// The set-up rounds' interface lives with the transports that use it.
+pub(crate) use crate::transport::Exchange;
 
 /// [`Exchange`] through the store: round k puts `x{k}/{rank}` and reads everybody's.
 pub(crate) struct StoreExchange<'a> {
@@ -457,48 +450,23 @@ pub(crate) fn connect(
     let mut p2p_links: Vec<Option<Link>> = (0..nranks).map(|_| None).collect();
     let mut peer_pids = vec![None; nranks];
 
-    // Round 2: each host's lowest rank creates the segment and names it.
-    let layout = Layout::new(locals.len().max(1), cfg.ring_bytes);
+    // Round 2: the host's shared segment (every rank takes part in its
+    // rounds, with or without shared memory).
     let local_me = topo.local_rank[rank];
-    let mut created = None;
-    let name_out = if shm && local_me == 0 {
-        let c = shm::connect::create(&token, me, layout).map_err(|e| boot(e.to_string()))?;
-        let name = c.name.clone().into_bytes();
-        created = Some(c);
-        name
-    } else {
-        Vec::new()
+    let host = shm::connect::HostRanks {
+        locals: &locals,
+        me: local_me,
+        leader: members[locals[0]],
+        exchange_me: me,
     };
-    let names = ex.allgather(&name_out)?;
-    let segment = if shm {
-        let seg = match created.take() {
-            Some(c) => {
-                let r = ex.barrier(); // everybody has mapped it
-                let seg = c.unlink(); // removes the file, on success or failure
-                r?;
-                seg
-            }
-            None => {
-                let leader = members[locals[0]];
-                let name = String::from_utf8(names[leader].clone())
-                    .map_err(|_| boot("bad segment name".into()))?;
-                let seg = shm::connect::open(&name, layout).map_err(|e| boot(e.to_string()))?;
-                ex.barrier()?;
-                seg
-            }
-        };
-        for (chan, links) in [(0, &mut links), (P2P_CHANNEL, &mut p2p_links)] {
-            let (direct, kind) = (DirectRead::Cma, TransportKind::Shm);
-            shm::connect::ring_links(&seg, chan, local_me, &locals, direct, kind, links);
-        }
+    let chans = [&mut links, &mut p2p_links];
+    let segment = shm::connect::wire(ex, shm, &host, &token, cfg.ring_bytes, chans, &boot)?;
+    if segment.is_some() {
         for &q in locals.iter().filter(|&&q| q != rank) {
             peer_pids[q] = Some(infos[q].pid);
         }
-        Some((seg, local_me))
-    } else {
-        ex.barrier()?;
-        None
-    };
+    }
+    let segment = segment.map(|seg| (seg, local_me));
 
     // TCP to everybody else: dial lower ranks (this rank decides the pair's
     // sockets and frame size), accept higher ones.

@@ -21,7 +21,7 @@ use crate::engine::{keep_rescue, Core, Engine};
 use crate::error::{Error, Result};
 use crate::topo::Topology;
 use crate::transport::shm::{DirectRead, RingLink, Segment, P2P_CHANNEL};
-use crate::transport::{Link, TransportKind};
+use crate::transport::{Link, LinkOps};
 use std::sync::Mutex;
 
 /// A group of ranks that run collectives together.
@@ -240,10 +240,13 @@ impl Communicator {
                 (0..n)
                     .map(|q| {
                         (q != r).then(|| {
-                            Link::Ring(
-                                RingLink::on_channel(seg.clone(), chan, r, q, DirectRead::Memcpy),
-                                TransportKind::Local,
-                            )
+                            Link::Ring(RingLink::on_channel(
+                                seg.clone(),
+                                chan,
+                                r,
+                                q,
+                                DirectRead::Memcpy,
+                            ))
                         })
                     })
                     .collect()

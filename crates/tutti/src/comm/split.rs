@@ -12,7 +12,7 @@ use crate::engine::Core;
 use crate::error::{Error, Result};
 use crate::topo::Topology;
 use crate::transport::shm::{DirectRead, RingLink, Segment};
-use crate::transport::{Link, TransportKind};
+use crate::transport::{Link, LinkOps, TransportKind};
 use crate::ReduceOp;
 use std::sync::Arc;
 use std::time::Instant;
@@ -204,10 +204,13 @@ impl Communicator {
             (0..m)
                 .map(|q| {
                     (q != rank).then(|| {
-                        Link::Ring(
-                            RingLink::on_channel(seg.clone(), chan, rank, q, DirectRead::Memcpy),
-                            TransportKind::Local,
-                        )
+                        Link::Ring(RingLink::on_channel(
+                            seg.clone(),
+                            chan,
+                            rank,
+                            q,
+                            DirectRead::Memcpy,
+                        ))
                     })
                 })
                 .collect()

@@ -15,7 +15,7 @@ use crate::reduce;
 use crate::transport::mailbox::Mailbox;
 use crate::transport::shm::Doorbell;
 use crate::transport::wait::{self, Backoff, Ended, Waiter, Watch};
-use crate::transport::{Link, RecvMsg, SendMsg, StepCx};
+use crate::transport::{Link, LinkOps, RecvMsg, SendMsg, StepCx};
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};

@@ -31,7 +31,7 @@ use crate::reduce::{DataType, ReduceOp};
 use crate::transport::mailbox::Mailbox;
 use crate::transport::shm::Doorbell;
 use crate::transport::tcp_io::IoSet;
-use crate::transport::Link;
+use crate::transport::{Link, LinkOps};
 pub use call::{Options, RawCall};
 use executor::Scratchpad;
 use online::{shape_of, Shape, ShapeKey};

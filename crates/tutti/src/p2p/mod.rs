@@ -26,7 +26,7 @@ use crate::engine::Completion;
 use crate::error::Error;
 use crate::transport::shm::{self, Segment};
 use crate::transport::wait::{self, Backoff, Waiter};
-use crate::transport::Link;
+use crate::transport::{Link, LinkOps};
 use progress::State;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};

@@ -14,7 +14,7 @@ use super::wire::{Ctrl, Kind, CTRL_BYTES};
 use super::{Post, PostKind, RecvStatus};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
-use crate::transport::{make_tag, Link, RecvMsg, SendMsg, StepCx, P2P_SEQ};
+use crate::transport::{make_tag, Link, LinkOps, RecvMsg, SendMsg, StepCx, P2P_SEQ};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

@@ -18,12 +18,15 @@
 //!   hosts (or on one host with `TUTTI_TRANSPORT=tcp`); large messages are
 //!   striped over the sockets in frames.
 //!
-//! `sys.rs` holds the system calls, `wait.rs` the waiting contract.
+//! `sys.rs` holds the system calls, `wait.rs` the waiting contract,
+//! `link.rs` what every link answers ([`LinkOps`]) and `exchange.rs` the
+//! set-up rounds the wiring uses ([`Exchange`]).
 //!
 //! Every message carries a 16-byte [`Header`] (op sequence number, a tag
 //! fingerprinting the collective and data type, length), so ranks that call
 //! different collectives get an [`Error::Mismatch`] instead of mixed data.
 
+mod exchange;
 pub(crate) mod shm;
 pub(crate) mod sys;
 pub(crate) mod tcp;
@@ -68,131 +71,19 @@ pub(crate) struct Header {
 
 pub use crate::topo::TransportKind;
 
-/// A connection to one peer.
-pub(crate) enum Link {
+pub(crate) use exchange::Exchange;
+mod link;
+pub(crate) use link::LinkOps;
+
+// The transports' link types: adding a transport adds its folder and one
+// line here.
+link::links! {
     /// Shared-memory rings (shm or local).
-    Ring(shm::RingLink, TransportKind),
+    Ring(shm::RingLink),
     /// TCP sockets driven by the executor.
     Tcp(tcp::TcpLink),
     /// TCP sockets driven by the connection set's I/O thread.
     TcpIo(tcp::IoLink),
-}
-
-impl Link {
-    /// Makes progress on an outgoing message.
-    pub(crate) fn send(&mut self, m: &mut SendMsg, cx: &mut StepCx) -> Result<bool> {
-        match self {
-            Link::Ring(l, _) => l.send(m, cx),
-            Link::Tcp(l) => l.send(m, cx),
-            Link::TcpIo(l) => l.send(m, cx),
-        }
-    }
-
-    /// Makes progress on an incoming message.
-    pub(crate) fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool> {
-        match self {
-            Link::Ring(l, _) => l.recv(m, cx),
-            Link::Tcp(l) => l.recv(m, cx),
-            Link::TcpIo(l) => l.recv(m, cx),
-        }
-    }
-
-    /// Tells the peer that this rank failed: shared-memory peers see a flag,
-    /// TCP peers a closed connection.
-    pub(crate) fn announce_failure(&self) {
-        match self {
-            Link::Ring(l, _) => l.announce_failure(),
-            Link::Tcp(l) => l.shutdown(),
-            Link::TcpIo(l) => l.shutdown(),
-        }
-    }
-
-    /// Called while waiting on this peer: lets the transport check that the
-    /// peer is still there (TCP sends a probe after a silence).
-    pub(crate) fn probe(&mut self, cx: &StepCx) -> Result<()> {
-        match self {
-            Link::Tcp(l) => l.probe(cx),
-            // The I/O thread probes by itself.
-            Link::TcpIo(_) | Link::Ring(..) => Ok(()),
-        }
-    }
-
-    /// How the owner of this link sleeps until it may move.
-    #[inline]
-    pub(crate) fn sleep(&self) -> wait::Sleep {
-        match self {
-            Link::Tcp(_) => wait::Sleep::Poll,
-            // The I/O thread rings the doorbell after it moved something.
-            Link::Ring(..) | Link::TcpIo(_) => wait::Sleep::Doorbell,
-        }
-    }
-
-    /// Adds to `out` the descriptors (and events) to wait on while `send`
-    /// (the head outgoing message, if started) and the head incoming message
-    /// (`recv`: whether there is one) cannot move; none for a link that
-    /// sleeps on the doorbell.
-    pub(crate) fn pollfds(&self, send: Option<&SendMsg>, recv: bool, out: &mut Vec<libc::pollfd>) {
-        if let Link::Tcp(l) = self {
-            l.pollfds(send, recv, out);
-        }
-    }
-
-    /// True if a message from the peer has arrived that this side has not
-    /// started on; false where only reading would tell (sockets).
-    #[inline]
-    pub(crate) fn has_message(&self) -> bool {
-        match self {
-            Link::Ring(l, _) => l.has_message(),
-            Link::Tcp(_) | Link::TcpIo(_) => false,
-        }
-    }
-
-    /// True if no unread byte from the peer is waiting; false where only
-    /// reading would tell (sockets).
-    pub(crate) fn inbound_empty(&self) -> bool {
-        match self {
-            Link::Ring(l, _) => l.inbound_empty(),
-            Link::Tcp(_) | Link::TcpIo(_) => false,
-        }
-    }
-
-    /// Whether the link delivers a message no further than its
-    /// [`RecvMsg::limit`] (the rings do; reduction chains run only over
-    /// such links).
-    pub(crate) fn honours_limit(&self) -> bool {
-        matches!(self, Link::Ring(..))
-    }
-
-    /// After a failed op: ensures the peer no longer reads `m`'s buffer.
-    pub(crate) fn withdraw(&self, m: &SendMsg, peer_pid: Option<i32>) {
-        if let Link::Ring(l, _) = self {
-            l.withdraw(m, peer_pid);
-        }
-    }
-
-    /// After a failed op: ensures no other thread still uses the op's
-    /// buffers for this link (the TCP I/O thread drops its jobs).
-    pub(crate) fn quiesce(&mut self) {
-        if let Link::TcpIo(l) = self {
-            l.quiesce();
-        }
-    }
-
-    /// True if the peer is known to have failed.
-    pub(crate) fn peer_failed(&self) -> bool {
-        match self {
-            Link::Ring(l, _) => l.peer_failed(),
-            Link::Tcp(_) | Link::TcpIo(_) => false,
-        }
-    }
-
-    /// The transport of this link.
-    pub(crate) fn kind(&self) -> TransportKind {
-        match self {
-            Link::Ring(_, k) => *k,
-            Link::Tcp(_) | Link::TcpIo(_) => TransportKind::Tcp,
-        }
-    }
 }
 
 /// An outgoing message in progress.

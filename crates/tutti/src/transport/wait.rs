@@ -20,7 +20,7 @@
 //! abort, a dead peer and the deadline are noticed promptly.
 
 use super::shm::{self, Doorbell};
-use super::{sys, Link};
+use super::{sys, Link, LinkOps};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 

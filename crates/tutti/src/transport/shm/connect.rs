@@ -8,9 +8,10 @@
 //! is killed, and a failed set-up leaves nothing either. Every rank then
 //! makes a [`RingLink`] per local peer and channel ([`ring_links`]).
 
+use super::segment::CHANNELS;
 use super::{DirectRead, Layout, RingLink, Segment};
 use crate::error::{Error, Result};
-use crate::transport::{sys, Link, TransportKind};
+use crate::transport::{sys, Exchange, Link};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
@@ -110,15 +111,89 @@ pub(crate) fn ring_links(
     me: usize,
     locals: &[usize],
     direct: DirectRead,
-    kind: TransportKind,
     links: &mut [Option<Link>],
 ) {
     for (li, &q) in locals.iter().enumerate() {
         if li != me {
-            links[q] = Some(Link::Ring(
-                RingLink::on_channel(seg.clone(), chan, me, li, direct),
-                kind,
-            ));
+            links[q] = Some(Link::Ring(RingLink::on_channel(
+                seg.clone(),
+                chan,
+                me,
+                li,
+                direct,
+            )));
         }
     }
+}
+
+/// This rank's place among the ranks of its host, for [`wire`].
+pub(crate) struct HostRanks<'a> {
+    /// The group rank of each local index.
+    pub locals: &'a [usize],
+    /// This rank's local index.
+    pub me: usize,
+    /// The host's lowest rank's index in the set-up exchange (it creates
+    /// the segment).
+    pub leader: usize,
+    /// This rank's index in the set-up exchange.
+    pub exchange_me: usize,
+}
+
+/// The shm transport's set-up rounds (every rank of the group takes part,
+/// `enabled` or not, so that the rounds stay in step): the host's lowest
+/// rank creates the segment and names it; the others map it; once all have,
+/// its file is removed; then every rank puts its ring links on each
+/// channel into `chans` (indexed by group rank: the collectives' links and
+/// the point-to-point channel's). Returns the mapped segment, if enabled.
+/// `boot` turns a set-up failure into the caller's error.
+pub(crate) fn wire(
+    ex: &mut dyn Exchange,
+    enabled: bool,
+    host: &HostRanks<'_>,
+    token: &[u8; 16],
+    ring_bytes: usize,
+    chans: [&mut Vec<Option<Link>>; CHANNELS],
+    boot: &dyn Fn(String) -> Error,
+) -> Result<Option<Arc<Segment>>> {
+    let layout = Layout::new(host.locals.len().max(1), ring_bytes);
+    let mut created = None;
+    let name_out = if enabled && host.me == 0 {
+        let c = create(token, host.exchange_me, layout).map_err(|e| boot(e.to_string()))?;
+        let name = c.name.clone().into_bytes();
+        created = Some(c);
+        name
+    } else {
+        Vec::new()
+    };
+    let names = ex.allgather(&name_out)?;
+    if !enabled {
+        ex.barrier()?;
+        return Ok(None);
+    }
+    let seg = match created.take() {
+        Some(c) => {
+            let r = ex.barrier(); // everybody has mapped it
+            let seg = c.unlink(); // removes the file, on success or failure
+            r?;
+            seg
+        }
+        None => {
+            let name = String::from_utf8(names[host.leader].clone())
+                .map_err(|_| boot("bad segment name".into()))?;
+            let seg = open(&name, layout).map_err(|e| boot(e.to_string()))?;
+            ex.barrier()?;
+            seg
+        }
+    };
+    for (chan, links) in chans.into_iter().enumerate() {
+        ring_links(
+            &seg,
+            chan,
+            host.me,
+            host.locals,
+            DirectRead::Cma,
+            &mut links[..],
+        );
+    }
+    Ok(Some(seg))
 }

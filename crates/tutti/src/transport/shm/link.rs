@@ -3,7 +3,9 @@
 
 use super::segment::{abort_wake, notify, Segment};
 use crate::error::Result;
-use crate::transport::{msg_flags, sys, Header, RecvMsg, SendMsg, StepCx, HEADER_BYTES};
+use crate::transport::{
+    msg_flags, sys, Header, LinkOps, RecvMsg, SendMsg, StepCx, TransportKind, HEADER_BYTES,
+};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -440,5 +442,41 @@ impl RingLink {
         }
         m.done = true;
         Ok(())
+    }
+}
+
+impl LinkOps for RingLink {
+    #[inline]
+    fn send(&mut self, m: &mut SendMsg, cx: &mut StepCx) -> Result<bool> {
+        RingLink::send(self, m, cx)
+    }
+    #[inline]
+    fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool> {
+        RingLink::recv(self, m, cx)
+    }
+    fn announce_failure(&self) {
+        RingLink::announce_failure(self)
+    }
+    fn kind(&self) -> TransportKind {
+        match self.direct {
+            DirectRead::Memcpy => TransportKind::Local,
+            DirectRead::Cma => TransportKind::Shm,
+        }
+    }
+    #[inline]
+    fn has_message(&self) -> bool {
+        RingLink::has_message(self)
+    }
+    fn inbound_empty(&self) -> bool {
+        RingLink::inbound_empty(self)
+    }
+    fn honours_limit(&self) -> bool {
+        true
+    }
+    fn withdraw(&self, m: &SendMsg, peer_pid: Option<i32>) {
+        RingLink::withdraw(self, m, peer_pid)
+    }
+    fn peer_failed(&self) -> bool {
+        RingLink::peer_failed(self)
     }
 }

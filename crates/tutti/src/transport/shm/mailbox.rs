@@ -161,9 +161,7 @@ impl Mailbox {
         for (q, l) in links.iter().enumerate() {
             match l {
                 None if q == me => {}
-                Some(Link::Ring(r, _)) if Arc::ptr_eq(r.segment(), seg) => {
-                    local[q] = r.peer_index()
-                }
+                Some(Link::Ring(r)) if Arc::ptr_eq(r.segment(), seg) => local[q] = r.peer_index(),
                 _ => return None,
             }
         }
@@ -507,7 +505,7 @@ impl Mailbox {
     /// ranks disagree on the call).
     fn check_peer(&self, q: usize, w: &Waiting<'_>) -> Result<()> {
         self.check_failed(w, true)?;
-        if let Some(Some(Link::Ring(l, _))) = w.links.get(q) {
+        if let Some(Some(Link::Ring(l))) = w.links.get(q) {
             if let Some(h) = l.peek_header() {
                 if h.seq == w.coll_seq {
                     return Err(Error::Mismatch {
@@ -564,7 +562,7 @@ impl Mailbox {
         let waiting = w
             .links
             .iter()
-            .any(|l| matches!(l, Some(Link::Ring(l, _)) if l.has_message()));
+            .any(|l| matches!(l, Some(Link::Ring(l)) if l.has_message()));
         if failed || waiting {
             self.check_stale_slow(w)
         } else {
@@ -580,7 +578,7 @@ impl Mailbox {
         // fail now, as the rings would, rather than finish with it.
         self.check_failed(w, false)?;
         for (q, l) in w.links.iter().enumerate() {
-            let Some(Link::Ring(l, _)) = l else { continue };
+            let Some(Link::Ring(l)) = l else { continue };
             let Some(h) = l.peek_header() else { continue };
             if h.seq != transport::P2P_SEQ && (h.seq.wrapping_sub(w.coll_seq) as i32) < 0 {
                 return Err(Error::Mismatch {

@@ -4,7 +4,9 @@
 use super::framing::{rx_error, Expect, Sink, MAX_LANES, PROBE_AFTER};
 use super::lanes::{Direct, Lanes};
 use crate::error::{Error, Result};
-use crate::transport::{msg_flags, Header, RecvMsg, SendMsg, StepCx, HEADER_BYTES};
+use crate::transport::{
+    msg_flags, wait, Header, LinkOps, RecvMsg, SendMsg, StepCx, TransportKind, HEADER_BYTES,
+};
 use std::io;
 use std::net::TcpStream;
 use std::time::Instant;
@@ -195,5 +197,31 @@ impl TcpLink {
             self.recv_msgs = self.recv_msgs.wrapping_add(1);
         }
         Ok(moved)
+    }
+}
+
+impl LinkOps for TcpLink {
+    #[inline]
+    fn send(&mut self, m: &mut SendMsg, cx: &mut StepCx) -> Result<bool> {
+        TcpLink::send(self, m, cx)
+    }
+    #[inline]
+    fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool> {
+        TcpLink::recv(self, m, cx)
+    }
+    fn announce_failure(&self) {
+        self.shutdown()
+    }
+    fn kind(&self) -> TransportKind {
+        TransportKind::Tcp
+    }
+    fn probe(&mut self, cx: &StepCx) -> Result<()> {
+        TcpLink::probe(self, cx)
+    }
+    fn sleep(&self) -> wait::Sleep {
+        wait::Sleep::Poll
+    }
+    fn pollfds(&self, send: Option<&SendMsg>, recv: bool, out: &mut Vec<libc::pollfd>) {
+        TcpLink::pollfds(self, send, recv, out)
     }
 }

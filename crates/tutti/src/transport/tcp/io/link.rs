@@ -3,7 +3,9 @@
 use super::super::framing::{rx_error, FrameSet, Framing, RxError, MAX_LANES};
 use super::{align16, Failure, IoSet, Port, DESC_BYTES};
 use crate::error::{Error, Result};
-use crate::transport::{msg_flags, Header, RecvMsg, SendMsg, StepCx, HEADER_BYTES};
+use crate::transport::{
+    msg_flags, Header, LinkOps, RecvMsg, SendMsg, StepCx, TransportKind, HEADER_BYTES,
+};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -320,5 +322,27 @@ impl IoLink {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+}
+
+impl LinkOps for IoLink {
+    #[inline]
+    fn send(&mut self, m: &mut SendMsg, cx: &mut StepCx) -> Result<bool> {
+        IoLink::send(self, m, cx)
+    }
+    #[inline]
+    fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool> {
+        IoLink::recv(self, m, cx)
+    }
+    fn announce_failure(&self) {
+        self.shutdown()
+    }
+    fn kind(&self) -> TransportKind {
+        TransportKind::Tcp
+    }
+    // The I/O thread probes by itself and rings the doorbell after it
+    // moved something: the defaults.
+    fn quiesce(&mut self) {
+        IoLink::quiesce(self)
     }
 }
