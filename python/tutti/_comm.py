@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import enum
-import os
 import weakref
 from typing import Any, Optional, Sequence, Union
 
@@ -227,11 +226,9 @@ class Communicator:
         """Joins the job described by the environment: ``TUTTI_RANK``/``TUTTI_WORLD_SIZE``/
         ``TUTTI_MASTER_ADDR``/``TUTTI_MASTER_PORT`` (as set by ``tutti run``), torchrun's
         ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``, Slurm or Open MPI.
+        Under torchrun (``TORCHELASTIC_USE_AGENT_STORE=True``) the ranks meet through the
+        agent's store on ``MASTER_PORT``, as torch's own ranks do.
         ``timeout`` is the default deadline of each op, in seconds."""
-        if _net.under_torchrun():
-            # torchrun's agent already listens on MASTER_PORT: meet through its store instead.
-            rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-            return cls.init_rank(_net.unique_id_via_torch_store(rank), n, rank, timeout)
         return cls(_native.Communicator.from_env(timeout))
 
     @classmethod

@@ -15,6 +15,7 @@
 
 pub use crate::config::rank_table;
 pub mod store;
+mod torch_store;
 
 pub use crate::config::launch::EnvInfo;
 use crate::config::{Config, TransportChoice};
@@ -27,6 +28,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use store::{StoreClient, StoreServer};
@@ -252,12 +254,16 @@ fn host_cma(infos: &[&RankInfo]) -> bool {
     })
 }
 
-/// Joins the job described by `id` as `rank` of `nranks`.
+/// Joins the job described by `id` as `rank` of `nranks`: through tutti's
+/// store, which rank 0 serves on `id`'s address, or, with `agent_store`
+/// (a key prefix, see [`EnvInfo::agent_store`]), through the launcher's
+/// torch `TCPStore` there.
 pub(crate) fn rendezvous(
     id: &UniqueId,
     nranks: usize,
     rank: usize,
     cfg: &Config,
+    agent_store: Option<&str>,
 ) -> Result<Joined> {
     if nranks == 0 || rank >= nranks {
         return Err(Error::arg(format!(
@@ -266,6 +272,15 @@ pub(crate) fn rendezvous(
     }
     let deadline = crate::config::deadline_after(Instant::now(), cfg.connect_timeout);
     let boot = |msg: String| Error::Bootstrap { rank, msg };
+    if let Some(prefix) = agent_store {
+        // Every communicator this process joins through the launcher's
+        // store gets its own keys: the ranks create theirs in the same order.
+        static JOINS: AtomicU32 = AtomicU32::new(0);
+        let k = JOINS.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("{}/tutti/{k}", prefix.trim_end_matches('/'));
+        let client = StoreClient::connect_torch(id.addr, prefix, rank, deadline)?;
+        return join_through(client, None, id, nranks, rank, cfg, deadline);
+    }
     // Rank 0 serves the store.
     let server = if rank == 0 {
         let l = pending_listeners()
@@ -291,7 +306,22 @@ pub(crate) fn rendezvous(
         }
         _ => id.addr,
     };
-    let mut client = StoreClient::connect(target, id.token, rank, deadline)?;
+    let client = StoreClient::connect(target, id.token, rank, deadline)?;
+    join_through(client, server, id, nranks, rank, cfg, deadline)
+}
+
+/// The rest of [`rendezvous`], once this rank holds a store connection
+/// (and rank 0 of tutti's own store, its `server`).
+fn join_through(
+    mut client: StoreClient,
+    server: Option<StoreServer>,
+    id: &UniqueId,
+    nranks: usize,
+    rank: usize,
+    cfg: &Config,
+    deadline: Instant,
+) -> Result<Joined> {
+    let boot = |msg: String| Error::Bootstrap { rank, msg };
     // Our peer listener goes on an address that reaches the master (or the chosen interface).
     let my_ip = client
         .local_addr()

@@ -9,6 +9,7 @@
 //! count). Frames longer than [`MAX_FRAME`] are refused before any
 //! allocation.
 
+use super::torch_store::TorchStore;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -307,14 +308,21 @@ fn split_kv(b: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((&b[2..2 + kl], &b[2 + kl..]))
 }
 
-/// A connection to the store.
+/// A connection to the store: tutti's own, or the launcher's (torch's
+/// `TCPStore`, see [`super::torch_store`]).
 pub(crate) struct StoreClient {
-    sock: TcpStream,
+    conn: Conn,
     rank: usize,
 }
 
+enum Conn {
+    Tutti(TcpStream),
+    Torch(TorchStore),
+}
+
 impl StoreClient {
-    /// Connects to `addr`, retrying until `deadline`, and authenticates.
+    /// Connects to tutti's store at `addr`, retrying until `deadline`, and
+    /// authenticates.
     pub(crate) fn connect(
         addr: SocketAddr,
         token: [u8; 16],
@@ -337,7 +345,10 @@ impl StoreClient {
                 Ok(mut s) => {
                     let _ = s.set_nodelay(true);
                     write_frame(&mut s, &token).map_err(|e| Error::io("store handshake", e))?;
-                    return Ok(StoreClient { sock: s, rank });
+                    return Ok(StoreClient {
+                        conn: Conn::Tutti(s),
+                        rank,
+                    });
                 }
                 Err(e) => {
                     last = Some(e);
@@ -347,18 +358,37 @@ impl StoreClient {
         }
     }
 
+    /// Joins the launcher's torch `TCPStore` at `addr`, keys under `prefix`.
+    pub(crate) fn connect_torch(
+        addr: SocketAddr,
+        prefix: String,
+        rank: usize,
+        deadline: Instant,
+    ) -> Result<StoreClient> {
+        Ok(StoreClient {
+            conn: Conn::Torch(TorchStore::connect(addr, prefix, rank, deadline)?),
+            rank,
+        })
+    }
+
     /// The local address of the connection (an address that reaches the master).
     pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
-        self.sock.local_addr().ok()
+        match &self.conn {
+            Conn::Tutti(s) => s.local_addr().ok(),
+            Conn::Torch(t) => t.local_addr(),
+        }
     }
 
     fn request(&mut self, req: &[u8], deadline: Instant, what: &str) -> Result<Vec<u8>> {
+        let Conn::Tutti(sock) = &mut self.conn else {
+            unreachable!("tutti's requests go to tutti's store")
+        };
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
-        let _ = self.sock.set_read_timeout(Some(left));
-        write_frame(&mut self.sock, req)
-            .and_then(|_| read_frame(&mut self.sock))
+        let _ = sock.set_read_timeout(Some(left));
+        write_frame(sock, req)
+            .and_then(|_| read_frame(sock))
             .map_err(|e| Error::Bootstrap {
                 rank: self.rank,
                 msg: if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
@@ -371,6 +401,9 @@ impl StoreClient {
 
     /// Stores `value` under `key`.
     pub(crate) fn put(&mut self, key: &str, value: &[u8], deadline: Instant) -> Result<()> {
+        if let Conn::Torch(t) = &mut self.conn {
+            return t.put(key, value);
+        }
         let mut r = vec![b'P'];
         r.extend_from_slice(&(key.len() as u16).to_le_bytes());
         r.extend_from_slice(key.as_bytes());
@@ -380,6 +413,9 @@ impl StoreClient {
 
     /// Waits for `key` and returns its value.
     pub(crate) fn get(&mut self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
+        if let Conn::Torch(t) = &mut self.conn {
+            return t.get(key, deadline);
+        }
         let mut r = vec![b'G'];
         r.extend_from_slice(key.as_bytes());
         self.request(&r, deadline, key)
@@ -387,6 +423,9 @@ impl StoreClient {
 
     /// Adds one to counter `key` and returns the new value.
     pub(crate) fn add(&mut self, key: &str, deadline: Instant) -> Result<u64> {
+        if let Conn::Torch(t) = &mut self.conn {
+            return t.add(key, deadline);
+        }
         let mut r = vec![b'A'];
         r.extend_from_slice(key.as_bytes());
         let v = self.request(&r, deadline, key)?;
@@ -398,12 +437,15 @@ impl StoreClient {
         })?))
     }
 
-    /// Tells the server this client has everything it needs from it. No
+    /// Tells tutti's server this client has everything it needs from it. No
     /// reply is awaited: the server may stop as soon as it has counted us.
+    /// (The launcher's store outlives the job: nothing to tell it.)
     pub(crate) fn release(&mut self, _deadline: Instant) -> Result<()> {
-        let mut r = vec![b'A'];
-        r.extend_from_slice(b"released");
-        let _ = write_frame(&mut self.sock, &r);
+        if let Conn::Tutti(sock) = &mut self.conn {
+            let mut r = vec![b'A'];
+            r.extend_from_slice(b"released");
+            let _ = write_frame(sock, &r);
+        }
         Ok(())
     }
 

@@ -295,7 +295,20 @@ impl Communicator {
         rank: usize,
         config: Config,
     ) -> Result<Communicator> {
-        let j = bootstrap::rendezvous(id, nranks, rank, &config)?;
+        Self::join(id, nranks, rank, config, None)
+    }
+
+    /// [`init_rank_with`](Communicator::init_rank_with), through the
+    /// launcher's store where `agent_store` names one
+    /// ([`EnvInfo::agent_store`](crate::EnvInfo::agent_store)).
+    fn join(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        config: Config,
+        agent_store: Option<&str>,
+    ) -> Result<Communicator> {
+        let j = bootstrap::rendezvous(id, nranks, rank, &config, agent_store)?;
         let crate::bootstrap::Connected {
             rescue,
             peer_addrs,
@@ -373,7 +386,7 @@ impl Communicator {
             // The table decides which ranks share a host.
             config.host_id = t.host_of(e.rank).map(|h| h.name.clone());
         }
-        Self::init_rank_with(&id, e.world_size, e.rank, config)
+        Self::join(&id, e.world_size, e.rank, config, e.agent_store.as_deref())
     }
 
     /// This rank, in `0..size()`.

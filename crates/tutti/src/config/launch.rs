@@ -26,6 +26,13 @@ pub struct EnvInfo {
     pub token: Option<[u8; 16]>,
     /// Which launcher's variables were used.
     pub source: &'static str,
+    /// Where the ranks join a store the launcher already serves, instead
+    /// of rank 0 serving one: the key prefix in it. torchrun's agent
+    /// serves a torch `TCPStore` on `MASTER_PORT` and says so with
+    /// `TORCHELASTIC_USE_AGENT_STORE=True`; the prefix is then
+    /// `/worker/attempt_{TORCHELASTIC_RESTART_COUNT}`, so that the ranks of
+    /// a restarted attempt never read an earlier attempt's keys.
+    pub agent_store: Option<String>,
 }
 
 fn num<T: FromStr>(name: &str) -> Result<Option<T>> {
@@ -108,6 +115,13 @@ pub(crate) fn read() -> Result<(EnvInfo, Option<RankTable>)> {
             )));
         };
         let token = token_from_env()?;
+        let agent_store = match (source, var("TORCHELASTIC_USE_AGENT_STORE")) {
+            ("torchrun", Some(v)) if v.trim().eq_ignore_ascii_case("true") || v.trim() == "1" => {
+                let attempt = num::<u32>("TORCHELASTIC_RESTART_COUNT")?.unwrap_or(0);
+                Some(format!("/worker/attempt_{attempt}"))
+            }
+            _ => None,
+        };
         return Ok((
             EnvInfo {
                 rank,
@@ -117,6 +131,7 @@ pub(crate) fn read() -> Result<(EnvInfo, Option<RankTable>)> {
                 master_port,
                 token,
                 source,
+                agent_store,
             },
             None,
         ));

@@ -106,6 +106,7 @@ impl RankTable {
             master_port: self.port,
             token,
             source: "rank table",
+            agent_store: None,
         })
     }
 }
