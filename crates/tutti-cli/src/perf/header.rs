@@ -106,6 +106,11 @@ pub(super) fn header(comm: &Communicator, a: &PerfArgs, plan: &Plan, info: &[Ran
         if plan.check { "on" } else { "off" },
         algo
     );
+    if let Some(ns) = super::measure::api_overhead_ns() {
+        h += &format!(
+            "#  API overhead: {ns:.0} ns per call (8 B all_reduce on a 1-rank communicator, median of 5 x 20000 calls)\n"
+        );
+    }
     for (r, i) in info.iter().enumerate() {
         let peers = if n <= 16 {
             i.transports
