@@ -48,7 +48,7 @@ pub use algo::{Algorithm, CollKind, Collective};
 pub use bootstrap::{EnvInfo, UniqueId};
 pub use comm::{
     Communicator, FusionOptions, GradSync, ManyWork, Options, P2pHandle, P2pOp, RawCall, RawP2p,
-    Received, Work, DEFAULT_BUCKET_BYTES,
+    Received, SparseRoute, TopK, Work, DEFAULT_BUCKET_BYTES,
 };
 pub use config::Config;
 pub use engine::recorder::{self as trace};

@@ -6,6 +6,7 @@ mod grad_sync;
 mod ops;
 mod p2p;
 mod shrink;
+mod sparse;
 mod split;
 mod work;
 
@@ -13,6 +14,7 @@ pub use crate::engine::{Options, RawCall};
 pub use fusion::{FusionOptions, ManyWork, DEFAULT_BUCKET_BYTES};
 pub use grad_sync::GradSync;
 pub use p2p::{P2pHandle, P2pOp, RawP2p, Received};
+pub use sparse::{SparseRoute, TopK};
 pub use work::Work;
 
 use crate::bootstrap::{self, store::StoreClient, store::StoreServer, UniqueId};

@@ -1,0 +1,327 @@
+//! Sparse AllReduce for Top-K gradients: every rank contributes some
+//! (index, value) pairs of a vector of `len` f32 elements, and every rank
+//! gets the dense sum (or mean). Two routes, picked by the cost model for
+//! this call's sizes, the same on every rank:
+//!
+//! * **gather**: the pairs go everywhere (one AllGather of each rank's
+//!   pairs, padded to the largest rank's count), and each rank adds them
+//!   up in rank order; bytes on the wire grow with `n * k`, not with `len`;
+//! * **dense**: each rank scatters its pairs into a zeroed vector of
+//!   `len` elements and the ranks AllReduce it; better once the pairs of
+//!   all ranks together would outweigh the vector.
+//!
+//! [`TopK`] is the compressor with error feedback: what a step does not
+//! send is kept and added to the next step's gradient, so nothing is lost,
+//! only delayed.
+
+use super::Communicator;
+use crate::algo::{Collective, Problem};
+use crate::error::{Error, Result};
+use crate::reduce::ReduceOp;
+use crate::tune::choose_with;
+
+/// Padding index in a gathered block: no element.
+const PAD: u32 = u32::MAX;
+
+/// How [`Communicator::sparse_all_reduce`] moved the pairs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SparseRoute {
+    /// Every rank's pairs to every rank (AllGather), summed locally.
+    Gather,
+    /// Scattered into dense vectors and AllReduced.
+    Dense,
+}
+
+impl Communicator {
+    /// Sums the sparse vectors of all ranks into `out`, densely: rank `r`
+    /// contributes `values[j]` at `indices[j]` (duplicates add up), and
+    /// every rank ends with the same `out` (`out.len()` elements, the same
+    /// on every rank). `op` is [`ReduceOp::Sum`] or [`ReduceOp::Avg`]
+    /// (divided by the number of ranks). Returns the route the cost model
+    /// chose ([`SparseRoute`]); the counts of pairs may differ per rank.
+    ///
+    /// Bad input (lengths that differ between `indices` and `values`, an
+    /// index outside `out`, another `op`) is an argument error on the
+    /// rank that has it; a vector length that differs between ranks is an
+    /// argument error on every rank. Nothing is written to `out` then.
+    ///
+    /// ```
+    /// # use tutti::{Communicator, ReduceOp};
+    /// let comms = Communicator::init_all(2).unwrap();
+    /// std::thread::scope(|s| {
+    ///     for c in &comms {
+    ///         s.spawn(move || {
+    ///             let r = c.rank() as u32;
+    ///             let mut out = vec![0f32; 8];
+    ///             c.sparse_all_reduce(&[r, 7], &[1.0, 2.0], &mut out, ReduceOp::Sum).unwrap();
+    ///             assert_eq!(out, [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 4.0]);
+    ///         });
+    ///     }
+    /// });
+    /// ```
+    pub fn sparse_all_reduce(
+        &self,
+        indices: &[u32],
+        values: &[f32],
+        out: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<SparseRoute> {
+        self.sparse_inner(indices, values, out, op, Ok(()))
+    }
+
+    /// [`sparse_all_reduce`](Communicator::sparse_all_reduce), with an
+    /// error the caller already has (the ranks still agree on failing).
+    fn sparse_inner(
+        &self,
+        indices: &[u32],
+        values: &[f32],
+        out: &mut [f32],
+        op: ReduceOp,
+        before: Result<()>,
+    ) -> Result<SparseRoute> {
+        let len = out.len();
+        let local = before.and_then(|_| check_local(indices, values, len, op));
+        // One small AllReduce (Max) agrees on: the largest count of pairs,
+        // the vector length (largest and smallest), and whether some rank's
+        // input is bad, so that every rank fails alike.
+        let k = indices.len() as u64;
+        let mut agree = [
+            k,
+            len as u64,
+            u64::MAX - len as u64,
+            u64::from(local.is_err()),
+        ];
+        self.all_reduce(&mut agree, ReduceOp::Max)?;
+        local?;
+        let [k_max, len_max, len_min_inv, bad] = agree;
+        let len_min = u64::MAX - len_min_inv;
+        if len_max != len_min {
+            return Err(Error::arg(format!(
+                "sparse_all_reduce: the vector has {len} elements on rank {}, but between {len_min} and {len_max} across ranks; every rank must pass the same length",
+                self.rank()
+            )));
+        }
+        if bad != 0 {
+            return Err(Error::arg(
+                "sparse_all_reduce: another rank passed bad input (it reports why)".to_string(),
+            ));
+        }
+        let k_max = k_max as usize;
+        let route = self.sparse_route(k_max, len);
+        match route {
+            SparseRoute::Gather => self.gather_pairs(indices, values, k_max, out)?,
+            SparseRoute::Dense => {
+                out.fill(0.0);
+                for (&i, &v) in indices.iter().zip(values) {
+                    out[i as usize] += v;
+                }
+                self.all_reduce(out, ReduceOp::Sum)?;
+            }
+        }
+        if op == ReduceOp::Avg {
+            let n = self.size() as f32;
+            out.iter_mut().for_each(|x| *x /= n);
+        }
+        Ok(route)
+    }
+
+    /// The cheaper route for `k_max` pairs per rank and `len` elements,
+    /// as this communicator's cost model prices an AllGather of the pairs
+    /// against an AllReduce of the vector (by bytes where it prices
+    /// neither). Every rank decides alike: they share the model.
+    pub fn sparse_route(&self, k_max: usize, len: usize) -> SparseRoute {
+        let n = self.size();
+        if k_max == 0 || n == 1 {
+            return SparseRoute::Dense;
+        }
+        let (gather, dense) = self.engine.with_core(|c| {
+            let g = Problem::new(Collective::AllGather, n, self.rank(), 2 * k_max);
+            let d = Problem::new(Collective::AllReduce, n, self.rank(), len);
+            (
+                choose_with(&g, 4, &c.tune).us,
+                choose_with(&d, 4, &c.tune).us,
+            )
+        });
+        let gather_wins = if gather.is_finite() && dense.is_finite() {
+            gather < dense
+        } else {
+            // AllGather moves n*k pairs of 8 B to each rank; a ring AllReduce
+            // about 2*len*4 B.
+            n * k_max * 8 < 2 * len * 4
+        };
+        if gather_wins {
+            SparseRoute::Gather
+        } else {
+            SparseRoute::Dense
+        }
+    }
+
+    fn gather_pairs(
+        &self,
+        indices: &[u32],
+        values: &[f32],
+        k_max: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let n = self.size();
+        // A block: k_max indices, then k_max values (their bits).
+        let mut mine = vec![PAD; 2 * k_max];
+        mine[..indices.len()].copy_from_slice(indices);
+        for (j, v) in values.iter().enumerate() {
+            mine[k_max + j] = v.to_bits();
+        }
+        let mut all = vec![0u32; n * 2 * k_max];
+        self.all_gather(&mine, &mut all)?;
+        out.fill(0.0);
+        // Every rank adds in rank order, so all get the same bits.
+        for block in all.chunks_exact(2 * k_max) {
+            let (idx, val) = block.split_at(k_max);
+            for (&i, &v) in idx.iter().zip(val) {
+                if i == PAD {
+                    break;
+                }
+                out[i as usize] += f32::from_bits(v);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_local(indices: &[u32], values: &[f32], len: usize, op: ReduceOp) -> Result<()> {
+    if !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+        return Err(Error::arg(format!(
+            "sparse_all_reduce: {op:?} is not supported; use Sum or Avg"
+        )));
+    }
+    if indices.len() != values.len() {
+        return Err(Error::arg(format!(
+            "sparse_all_reduce: {} indices but {} values; they must pair up",
+            indices.len(),
+            values.len()
+        )));
+    }
+    if len >= PAD as usize {
+        return Err(Error::arg(format!(
+            "sparse_all_reduce: a vector of {len} elements is too long for u32 indices"
+        )));
+    }
+    if let Some((j, &i)) = indices.iter().enumerate().find(|(_, &i)| i as usize >= len) {
+        return Err(Error::arg(format!(
+            "sparse_all_reduce: indices[{j}] = {i} is outside the vector of {len} elements"
+        )));
+    }
+    Ok(())
+}
+
+/// Top-K sparsification with error feedback, for one gradient vector.
+///
+/// Each step, [`compress`](TopK::compress) adds what earlier steps did not
+/// send (the residual) to the gradient, keeps the `k` entries of largest
+/// magnitude, and keeps the rest as the new residual; with error feedback
+/// off the rest is dropped. [`Communicator::top_k_all_reduce`] does that
+/// and the sparse AllReduce in one call.
+#[derive(Clone, Debug)]
+pub struct TopK {
+    k: usize,
+    residual: Vec<f32>,
+    error_feedback: bool,
+}
+
+impl TopK {
+    /// For vectors of `len` elements, sending `ceil(ratio * len)` of them
+    /// (at least one where `len > 0`); `ratio` in `(0, 1]`.
+    pub fn new(len: usize, ratio: f64, error_feedback: bool) -> Result<TopK> {
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            return Err(Error::arg(format!("TopK: ratio {ratio} must be in (0, 1]")));
+        }
+        let k = ((len as f64 * ratio).ceil() as usize).clamp(len.min(1), len);
+        Ok(TopK {
+            k,
+            residual: vec![0.0; len],
+            error_feedback,
+        })
+    }
+
+    /// Entries sent per step.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// What has not been sent yet (all zeros without error feedback).
+    pub fn residual(&self) -> &[f32] {
+        &self.residual
+    }
+
+    /// Adds the residual to `grad` and splits it: returns the `k` largest
+    /// entries by magnitude as (indices, values), ascending by index, and
+    /// keeps the rest as the residual. `grad` must have the length given
+    /// to [`new`](TopK::new).
+    pub fn compress(&mut self, grad: &[f32]) -> Result<(Vec<u32>, Vec<f32>)> {
+        if grad.len() != self.residual.len() {
+            return Err(Error::arg(format!(
+                "TopK::compress: the gradient has {} elements, this compressor {}",
+                grad.len(),
+                self.residual.len()
+            )));
+        }
+        let acc: Vec<f32> = if self.error_feedback {
+            grad.iter()
+                .zip(&self.residual)
+                .map(|(g, r)| g + r)
+                .collect()
+        } else {
+            grad.to_vec()
+        };
+        let mut order: Vec<u32> = (0..acc.len() as u32).collect();
+        if self.k < acc.len() {
+            order.select_nth_unstable_by(self.k, |&a, &b| {
+                acc[b as usize].abs().total_cmp(&acc[a as usize].abs())
+            });
+            order.truncate(self.k);
+        }
+        order.sort_unstable();
+        let values: Vec<f32> = order.iter().map(|&i| acc[i as usize]).collect();
+        if self.error_feedback {
+            self.residual = acc;
+            for &i in &order {
+                self.residual[i as usize] = 0.0;
+            }
+        }
+        Ok((order, values))
+    }
+}
+
+impl Communicator {
+    /// Top-K AllReduce of `grad` in place: [`TopK::compress`] (residual in,
+    /// residual out), then [`sparse_all_reduce`](Communicator::sparse_all_reduce)
+    /// of the kept entries into `grad` (`op` Sum or Avg).
+    ///
+    /// ```
+    /// use tutti::{Communicator, ReduceOp, TopK};
+    ///
+    /// let comms = Communicator::init_all(2).unwrap();
+    /// std::thread::scope(|s| {
+    ///     for c in &comms {
+    ///         s.spawn(move || {
+    ///             let mut topk = TopK::new(1000, 0.01, true).unwrap(); // send 10 of 1000
+    ///             let mut grad = vec![0f32; 1000];
+    ///             grad[c.rank()] = 9.0;
+    ///             let route = c.top_k_all_reduce(&mut grad, &mut topk, ReduceOp::Avg).unwrap();
+    ///             assert_eq!((grad[0], grad[1]), (4.5, 4.5));
+    ///             println!("rank {}: {route:?}, {} values held back", c.rank(), 1000 - topk.k());
+    ///         });
+    ///     }
+    /// });
+    /// ```
+    pub fn top_k_all_reduce(
+        &self,
+        grad: &mut [f32],
+        topk: &mut TopK,
+        op: ReduceOp,
+    ) -> Result<SparseRoute> {
+        match topk.compress(grad) {
+            Ok((idx, val)) => self.sparse_inner(&idx, &val, grad, op, Ok(())),
+            Err(e) => self.sparse_inner(&[], &[], grad, op, Err(e)),
+        }
+    }
+}
