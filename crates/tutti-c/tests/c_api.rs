@@ -113,19 +113,23 @@ fn skip(why: &str) {
 fn prefix() -> &'static Path {
     static P: OnceLock<PathBuf> = OnceLock::new();
     P.get_or_init(|| {
-        let t = target_dir();
+        // The copies cargo made for this test's build (it links the
+        // library's rlib; the .so and .a come from the same rustc run).
+        // target/release's own copies are refreshed only when the library
+        // is a target of the build, so they may be stale here.
+        let deps = target_dir().join("deps");
         assert!(
-            t.join("libtutti_c.so").exists(),
+            deps.join("libtutti_c.so").exists(),
             "{} is missing: this test expects the library built beside it",
-            t.join("libtutti_c.so").display()
+            deps.join("libtutti_c.so").display()
         );
         let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("tutti-c-prefix-{}", std::process::id()));
         let mut cmd = Command::new("bash");
         cmd.arg(here().join("scripts/install.sh"))
-            .arg("--no-build")
-            .arg(&p)
-            .env("CARGO_TARGET_DIR", t.parent().expect("target"));
+            .arg("--from")
+            .arg(&deps)
+            .arg(&p);
         let o = run(cmd, Duration::from_secs(60));
         assert!(o.status.success(), "install.sh failed\n{}", show(&o));
         p
