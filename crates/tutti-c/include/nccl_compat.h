@@ -91,6 +91,8 @@ static inline ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList
 }
 static inline ncclResult_t ncclCommFinalize(ncclComm_t comm) { return tuttiCommFinalize(comm); }
 static inline ncclResult_t ncclCommDestroy(ncclComm_t comm) { return tuttiCommDestroy(comm); }
+/* Unlike NCCL's, abort frees nothing (so it is safe while other threads'
+ * calls on comm run): ncclCommDestroy frees the handle afterwards. */
 static inline ncclResult_t ncclCommAbort(ncclComm_t comm) { return tuttiCommAbort(comm); }
 static inline ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *e) {
   return tuttiCommGetAsyncError(comm, e);

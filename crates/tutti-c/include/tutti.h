@@ -461,18 +461,24 @@ tuttiResult_t tuttiCommShrink(tuttiComm_t comm,
                               int shrinkFlags);
 
 // Aborts `comm`: every operation waiting on it, on any thread or queue,
-// fails at once with [`tuttiAborted`], and the handle is released (as by
-// [`tuttiCommDestroy`]). Callable from any thread.
+// and every later one fails at once with [`tuttiAborted`]. Callable from
+// any thread, also while other calls on `comm` run. Unlike NCCL's
+// `ncclCommAbort` it frees nothing (so that those calls never touch freed
+// memory): the handle stays valid, and [`tuttiCommDestroy`] frees it once
+// no other thread uses it.
 //
 // # Safety
-// `comm` must be a live handle; it must not be used after this call.
+// `comm` must be a live handle (not yet destroyed).
 tuttiResult_t tuttiCommAbort(tuttiComm_t comm);
 
-// Releases `comm`. Operations still queued keep it alive until they end;
-// its threads, sockets and shared memory go with the last of them.
+// Releases `comm` (also after [`tuttiCommAbort`]). As in NCCL, no other
+// call on `comm` may run concurrently with this one. Operations still
+// queued keep the communicator alive until they end; its threads,
+// sockets and shared memory go with the last of them.
 //
 // # Safety
-// `comm` must be a live handle; it must not be used after this call.
+// `comm` must be a live handle, used by no other thread during this
+// call; it must not be used after this call.
 tuttiResult_t tuttiCommDestroy(tuttiComm_t comm);
 
 // `tuttiCommFinalize` exists in NCCL to flush operations; here every

@@ -12,7 +12,11 @@ ranks=${3:-2}
 here="$(cd "$(dirname "$0")/.." && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 target="${CARGO_TARGET_DIR:-$repo/target}/release"
-(cd "$repo" && cargo build --release --locked -q -p tutti-cli -p tutti-c --example allreduce_loop)
+# Everything it runs: `--lib` makes cargo refresh target/release's
+# libtutti_c.{so,a} (which install.sh --no-build takes); built as the
+# example's dependency alone, they would stay stale. Build beforehand under
+# the shared lock (the same command); then this is a no-op.
+(cd "$repo" && cargo build --release --locked -q -p tutti-cli -p tutti-c --lib --bins --example allreduce_loop)
 prefix="$(mktemp -d)"
 trap 'rm -rf "$prefix"' EXIT
 bash "$here/scripts/install.sh" --no-build "$prefix" > /dev/null

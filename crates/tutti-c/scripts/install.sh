@@ -6,17 +6,24 @@
 #
 #   crates/tutti-c/scripts/install.sh PREFIX            # builds first (cargo build --release -p tutti-c)
 #   crates/tutti-c/scripts/install.sh --no-build PREFIX # installs what target/release holds
-# CARGO_TARGET_DIR is honoured.
+#   crates/tutti-c/scripts/install.sh --from DIR PREFIX # installs DIR/libtutti_c.{so,a} (no build)
+# CARGO_TARGET_DIR is honoured. `--no-build` needs target/release's copies
+# to be current: cargo refreshes them only when the library itself is a
+# target of the build (`cargo build -p tutti-c`, or `--lib`), not when it
+# is built as a dependency of an example or a test, which leaves the fresh
+# copies in target/release/deps (hence `--from`, which tests/c_api.rs uses).
 set -euo pipefail
 build=1
-if [ "${1:-}" = "--no-build" ]; then build=0; shift; fi
-if [ $# -ne 1 ]; then
-  echo "usage: $0 [--no-build] PREFIX" >&2
-  exit 2
-fi
 here="$(cd "$(dirname "$0")/.." && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 target="${CARGO_TARGET_DIR:-$repo/target}/release"
+if [ "${1:-}" = "--no-build" ]; then build=0; shift
+elif [ "${1:-}" = "--from" ] && [ $# -ge 2 ]; then build=0; target="$2"; shift 2
+fi
+if [ $# -ne 1 ]; then
+  echo "usage: $0 [--no-build | --from DIR] PREFIX" >&2
+  exit 2
+fi
 mkdir -p "$1"
 prefix="$(cd "$1" && pwd)"
 if [ $build = 1 ]; then

@@ -392,37 +392,40 @@ pub unsafe extern "C" fn tuttiCommShrink(
 }
 
 /// Aborts `comm`: every operation waiting on it, on any thread or queue,
-/// fails at once with [`tuttiAborted`], and the handle is released (as by
-/// [`tuttiCommDestroy`]). Callable from any thread.
+/// and every later one fails at once with [`tuttiAborted`]. Callable from
+/// any thread, also while other calls on `comm` run. Unlike NCCL's
+/// `ncclCommAbort` it frees nothing (so that those calls never touch freed
+/// memory): the handle stays valid, and [`tuttiCommDestroy`] frees it once
+/// no other thread uses it.
 ///
 /// # Safety
-/// `comm` must be a live handle; it must not be used after this call.
+/// `comm` must be a live handle (not yet destroyed).
 #[no_mangle]
 pub unsafe extern "C" fn tuttiCommAbort(comm: tuttiComm_t) -> tuttiResult_t {
-    const CALL: &str = "tuttiCommAbort";
-    if comm.is_null() {
-        return fail_local("tuttiCommAbort: comm is NULL");
-    }
     // SAFETY: the caller's promise: a live handle.
-    let c = unsafe { Arc::from_raw(comm as *const tuttiComm) };
-    guard(CALL, None, move || {
-        c.comm.abort();
-        drop(c);
-        Ok(())
-    })
+    unsafe {
+        with_comm("tuttiCommAbort", comm, |c| {
+            c.comm.abort();
+            Ok(())
+        })
+    }
 }
 
-/// Releases `comm`. Operations still queued keep it alive until they end;
-/// its threads, sockets and shared memory go with the last of them.
+/// Releases `comm` (also after [`tuttiCommAbort`]). As in NCCL, no other
+/// call on `comm` may run concurrently with this one. Operations still
+/// queued keep the communicator alive until they end; its threads,
+/// sockets and shared memory go with the last of them.
 ///
 /// # Safety
-/// `comm` must be a live handle; it must not be used after this call.
+/// `comm` must be a live handle, used by no other thread during this
+/// call; it must not be used after this call.
 #[no_mangle]
 pub unsafe extern "C" fn tuttiCommDestroy(comm: tuttiComm_t) -> tuttiResult_t {
     if comm.is_null() {
         return fail_local("tuttiCommDestroy: comm is NULL");
     }
-    // SAFETY: the caller's promise: a live handle.
+    // SAFETY: the caller's promise: a live handle whose reference this
+    // call releases, with no other call on it running.
     let c = unsafe { Arc::from_raw(comm as *const tuttiComm) };
     guard("tuttiCommDestroy", None, move || {
         drop(c);

@@ -1,22 +1,24 @@
 //! Communicator handles, result codes and the last-error text.
 //!
-//! A `tuttiComm_t` is an `Arc<tuttiComm>` turned into a raw pointer. Every
-//! call takes its own reference for its duration, so that
-//! `tuttiCommAbort` or `tuttiCommDestroy` on another thread never frees a
-//! communicator that a call (or a queued op) still uses: the last
-//! reference frees it.
+//! A `tuttiComm_t` is an `Arc<tuttiComm>` turned into a raw pointer: the
+//! handle's own reference, which only `tuttiCommDestroy` releases. A call
+//! borrows the communicator through the handle without touching the
+//! count, as NCCL's rule makes that safe: a communicator is never
+//! destroyed while another call on it runs. An op that outlives its call
+//! (on a queue, in a group) takes a reference of its own, so a destroy
+//! with ops still queued frees nothing they use. `tuttiCommAbort`
+//! releases nothing (it only fails the waiting and later ops), which is
+//! what makes it safe from any thread while calls run.
 
 use crate::*;
 use std::cell::RefCell;
+use std::mem::ManuallyDrop;
 use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use tutti::{Communicator, Error, Options};
 
 /// A communicator (opaque): one rank's membership of a group.
-// Aligned so that the reference count, which every call touches, has a
-// cache line of its own (not shared with state other threads write).
-#[repr(align(128))]
 pub struct tuttiComm {
     pub(crate) comm: Communicator,
     /// Per-call options from the config (algorithm, deadline).
@@ -64,23 +66,26 @@ impl tuttiComm {
     }
 }
 
-/// A new reference to the communicator behind `h`, or an error text.
+/// The communicator behind `h`, borrowed for the duration of a call (the
+/// count is not touched: never drop the result, clone it for an op that
+/// outlives the call), or an error text.
 ///
 /// # Safety
 /// `h` must be NULL or a handle returned by this library and not yet
-/// destroyed (its last reference not yet released).
+/// destroyed, and no `tuttiCommDestroy` of it may run until the borrow
+/// ends (NCCL's rule; `tuttiCommAbort` releases nothing).
 #[inline(always)]
-pub(crate) unsafe fn comm_ref(h: tuttiComm_t, call: &str) -> Result<Arc<tuttiComm>, String> {
+pub(crate) unsafe fn comm_ref(
+    h: tuttiComm_t,
+    call: &str,
+) -> Result<ManuallyDrop<Arc<tuttiComm>>, String> {
     if h.is_null() {
         return Err(format!("{call}: comm is NULL"));
     }
-    let p = h as *const tuttiComm;
     // SAFETY: the caller promises `h` came from `Arc::into_raw` and that
-    // its reference is still held, so the count is at least one.
-    unsafe {
-        Arc::increment_strong_count(p);
-        Ok(Arc::from_raw(p))
-    }
+    // the handle's reference is held until this borrow ends; the
+    // `ManuallyDrop` never gives that reference back.
+    Ok(ManuallyDrop::new(unsafe { Arc::from_raw(h as *const tuttiComm) }))
 }
 
 thread_local! {

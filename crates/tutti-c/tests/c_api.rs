@@ -1,7 +1,13 @@
 //! The C API from C and C++: programs in tests/c/ compiled with the
 //! system's `cc` and `c++` against an installed libtutti (scripts/install.sh
 //! into a temporary prefix), run under `tutti run` on 1 to 4 ranks, and
-//! again built with `-fsanitize=address,undefined`.
+//! again built with `-fsanitize=address,undefined`; pkg-config and the CMake
+//! package (tests/cmake/) used as a user would.
+//!
+//! A missing optional tool (pkg-config, cmake, the sanitizer runtime)
+//! skips its test with a `SKIPPED` line, unless `TUTTI_C_REQUIRED=1` (which
+//! .ci/run sets) or `CI` is set: then it fails and says what to install. A
+//! missing `cc` or `c++` always fails.
 //!
 //! The `tutti` command comes from the same target directory (it is built by
 //! `cargo test --workspace`; alone: `cargo build --release -p tutti-cli`).
@@ -83,23 +89,47 @@ fn run(mut cmd: Command, deadline: Duration) -> Output {
     }
 }
 
+/// Whether a missing tool fails the test: `TUTTI_C_REQUIRED=1`, or `CI`
+/// set to anything but `false`/`0` (as CI services set it).
+fn required() -> bool {
+    // The harness's own switches, not the library's configuration.
+    #[allow(clippy::disallowed_methods)]
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    var("TUTTI_C_REQUIRED") == "1" || !matches!(var("CI").as_str(), "" | "0" | "false")
+}
+
+/// A test cannot run here because `why`: prints `SKIPPED` and returns, or
+/// fails where the tool is required ([`required`]).
+fn skip(why: &str) {
+    assert!(
+        !required(),
+        "{why}\nTUTTI_C_REQUIRED=1 (or CI) makes this a failure: install it \
+         (.ci/run's set-up lists the packages)"
+    );
+    println!("SKIPPED: {why}");
+}
+
 /// libtutti installed under a fresh prefix, once per test binary.
 fn prefix() -> &'static Path {
     static P: OnceLock<PathBuf> = OnceLock::new();
     P.get_or_init(|| {
-        let t = target_dir();
+        // The copies cargo made for this test's build (it links the
+        // library's rlib; the .so and .a come from the same rustc run).
+        // target/release's own copies are refreshed only when the library
+        // is a target of the build, so they may be stale here.
+        let deps = target_dir().join("deps");
         assert!(
-            t.join("libtutti_c.so").exists(),
+            deps.join("libtutti_c.so").exists(),
             "{} is missing: this test expects the library built beside it",
-            t.join("libtutti_c.so").display()
+            deps.join("libtutti_c.so").display()
         );
         let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("tutti-c-prefix-{}", std::process::id()));
         let mut cmd = Command::new("bash");
         cmd.arg(here().join("scripts/install.sh"))
-            .arg("--no-build")
-            .arg(&p)
-            .env("CARGO_TARGET_DIR", t.parent().expect("target"));
+            .arg("--from")
+            .arg(&deps)
+            .arg(&p);
         let o = run(cmd, Duration::from_secs(60));
         assert!(o.status.success(), "install.sh failed\n{}", show(&o));
         p
@@ -230,7 +260,10 @@ fn the_c_tests_pass_under_address_and_undefined_sanitizers() {
     let coll = match build("cc", "coll.c", "coll-asan", &flags) {
         Ok(p) => p,
         Err(e) => {
-            println!("SKIPPED: the sanitizer runtime is missing (cc -fsanitize=address,undefined fails):\n{e}");
+            skip(&format!(
+                "the sanitizer runtime is missing (cc -fsanitize=address,undefined fails; \
+                 it comes with gcc's libasan and libubsan):\n{e}"
+            ));
             return;
         }
     };
@@ -256,7 +289,7 @@ fn pkg_config_and_the_static_library_link() {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
         Ok(o) => panic!("pkg-config tutti failed\n{}", show(&o)),
         Err(e) => {
-            println!("SKIPPED: pkg-config is not installed ({e})");
+            skip(&format!("pkg-config is not installed ({e}; apt-get install pkg-config)"));
             return;
         }
     };
@@ -284,4 +317,55 @@ fn pkg_config_and_the_static_library_link() {
     let out = tutti_run(2, &out, &[file.to_str().expect("utf-8")], &[]);
     assert_eq!(out.matches("OK hccl").count(), 2, "{out}");
     let _ = std::fs::remove_file(&file);
+}
+
+/// The CMake package: a project that does `find_package(tutti 0.1
+/// REQUIRED)` and links `tutti::tutti` (shared) and `tutti::tutti_static`
+/// (tests/cmake/, the example in docs/c.md), configured against the
+/// installed prefix, built, and run on 2 ranks.
+#[test]
+fn a_cmake_project_finds_the_package_and_links_both_libraries() {
+    match Command::new("cmake").arg("--version").output() {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!("cmake --version failed\n{}", show(&o)),
+        Err(e) => {
+            skip(&format!("cmake is not installed ({e}; apt-get install cmake)"));
+            return;
+        }
+    }
+    let p = prefix();
+    let build = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tutti-c-cmake-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&build);
+    let mut cmd = Command::new("cmake");
+    cmd.arg("-S")
+        .arg(here().join("tests/cmake"))
+        .arg("-B")
+        .arg(&build)
+        .arg(format!("-DCMAKE_PREFIX_PATH={}", p.display()))
+        .arg("-DCMAKE_BUILD_TYPE=Release")
+        .arg("-DCMAKE_C_COMPILER=cc");
+    let o = run(cmd, Duration::from_secs(120));
+    assert!(o.status.success(), "cmake configure\n{}", show(&o));
+    let mut cmd = Command::new("cmake");
+    cmd.arg("--build").arg(&build);
+    let o = run(cmd, Duration::from_secs(240));
+    assert!(o.status.success(), "cmake --build\n{}", show(&o));
+    for app in ["app", "app_static"] {
+        let out = tutti_run(2, &build.join(app), &[], &[]);
+        for r in 0..2 {
+            assert!(out.contains(&format!("OK cmake {r}/2")), "{app}: {out}");
+        }
+    }
+    // The shared build found libtutti.so through the package (its
+    // soname), the static one carries the library.
+    let o = Command::new("ldd").arg(build.join("app")).output();
+    if let Ok(o) = o {
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains("libtutti.so.0"), "app is not linked to libtutti.so.0:\n{text}");
+        let o = Command::new("ldd").arg(build.join("app_static")).output().expect("ldd");
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(!text.contains("libtutti"), "app_static links libtutti dynamically:\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(&build);
 }

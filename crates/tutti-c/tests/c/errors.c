@@ -101,6 +101,10 @@ int main(void) {
   CHECK(tuttiCommAbort(pair[0]));
   pthread_join(t, NULL);
   EXPECT(got == tuttiAborted, "the blocked AllReduce returned %d", got);
+  /* An aborted handle stays valid (abort frees nothing): later calls fail
+   * at once, and destroy frees it. */
+  BAD(tuttiAborted, "tuttiAllReduce", tuttiAllReduce(a, b, 4, tuttiFloat32, tuttiSum, pair[0], NULL));
+  CHECK(tuttiCommDestroy(pair[0]));
   CHECK(tuttiCommDestroy(pair[1]));
   CHECK(tuttiCommDestroy(comm));
   printf("OK errors\n");
