@@ -8,6 +8,8 @@ Every block and the whole model are ``fully_shard``-ed over a 1-D DeviceMesh("cp
 each rank keeps 1/n of every parameter; the forward and backward passes all-gather them
 (``all_gather_into_tensor``, one call per block) and the gradients are reduce-scattered
 (``reduce_scatter_tensor`` with AVG) back to their shards; AdamW steps on the shards.
+With ``--replicas R`` (HSDP) the mesh is 2-D, R replicas of n/R shards: the gradients are
+reduce-scattered within a replica and then all-reduced across the replicas (subgroups).
 
 Each rank trains on its slice of a fixed global batch, so the run computes what one
 process computes on the whole batch. Rank 0 prints the loss of every step (the mean over
@@ -19,6 +21,7 @@ and compares the two backends' losses within the same tolerance.
     python fsdp2_transformer.py --spawn 2                    # backend tutti, 2 ranks
     python fsdp2_transformer.py --spawn 4 --compare gloo     # tutti, then gloo, compared
     python fsdp2_transformer.py --spawn 2 --backend gloo     # gloo only
+    python fsdp2_transformer.py --spawn 4 --replicas 2       # HSDP: 2 replicas x 2 shards
     torchrun --nproc-per-node 2 fsdp2_transformer.py
     tutti run -n 2 -- python fsdp2_transformer.py
 """
@@ -114,15 +117,20 @@ def reference(steps):
     return losses
 
 
-def train(steps):
-    """FSDP2 training on the default group; returns the per-step losses (mean over ranks)."""
+def train(steps, replicas=1):
+    """FSDP2 training on the default group; returns the per-step losses (mean over ranks).
+    ``replicas`` > 1: HSDP, a 2-D mesh of that many replicas, each sharded over n/replicas
+    ranks (gradients reduce-scattered within a replica, then all-reduced across)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     rank, n = dist.get_rank(), dist.get_world_size()
     if GLOBAL_BATCH % n:
         raise SystemExit(f"{n} ranks do not split a global batch of {GLOBAL_BATCH}")
-    mesh = init_device_mesh("cpu", (n,))
+    if n % replicas:
+        raise SystemExit(f"{replicas} replicas do not split {n} ranks")
+    mesh = init_device_mesh("cpu", (n,)) if replicas == 1 else init_device_mesh(
+        "cpu", (replicas, n // replicas), mesh_dim_names=("replicate", "shard"))
     model = build()
     for blk in model.blocks:
         fully_shard(blk, mesh=mesh)
@@ -149,15 +157,16 @@ def agree(a, b, rtol=RTOL):
     return worst, len(a) == len(b) and worst <= rtol
 
 
-def run(backend, steps, out=None):
+def run(backend, steps, replicas=1, out=None):
     rank = dist.get_rank()
-    losses = train(steps)
+    losses = train(steps, replicas)
     if rank == 0:
         for i, v in enumerate(losses):
             print(f"{backend} step {i}: loss {v:.6f}", flush=True)
         want = reference(steps)
         worst, ok = agree(losses, want)
-        print(f"{backend} on {dist.get_world_size()} ranks: losses {'match' if ok else 'DIFFER FROM'} the "
+        style = "FSDP" if replicas == 1 else f"HSDP, {replicas} replicas"
+        print(f"{backend} on {dist.get_world_size()} ranks ({style}): losses {'match' if ok else 'DIFFER FROM'} the "
               f"one-process reference (max relative diff {worst:.2e}, tolerance {RTOL:g})", flush=True)
         if out:
             with open(out, "w") as f:
@@ -167,23 +176,23 @@ def run(backend, steps, out=None):
     return losses
 
 
-def worker(rank, n, port, backend, steps, out):
+def worker(rank, n, port, backend, steps, replicas, out):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     dist.init_process_group(backend, rank=rank, world_size=n)
-    run(backend, steps, out)
+    run(backend, steps, replicas, out)
     dist.barrier()  # nobody leaves while rank 0 still checks (gloo aborts a rank whose peer left)
     dist.destroy_process_group()
 
 
-def spawn(n, backend, steps):
+def spawn(n, backend, steps, replicas):
     """Runs the training in n fresh processes; returns rank 0's losses."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "losses.json")
-        torch.multiprocessing.spawn(worker, args=(n, port, backend, steps, out), nprocs=n)
+        torch.multiprocessing.spawn(worker, args=(n, port, backend, steps, replicas, out), nprocs=n)
         with open(out) as f:
             return json.load(f)
 
@@ -194,17 +203,19 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--spawn", type=int, default=0, help="start this many ranks with torch.multiprocessing.spawn")
     ap.add_argument("--compare", default=None, help="also run on this backend (e.g. gloo) and compare the losses")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="HSDP: a 2-D mesh of this many replicas, each sharded over the others")
     a = ap.parse_args()
     if not a.spawn:  # started by a launcher (torchrun, tutti run)
         torch.set_num_threads(1)
         dist.init_process_group(a.backend)
-        run(a.backend, a.steps)
+        run(a.backend, a.steps, a.replicas)
         dist.barrier()
         dist.destroy_process_group()
         return
-    losses = spawn(a.spawn, a.backend, a.steps)
+    losses = spawn(a.spawn, a.backend, a.steps, a.replicas)
     if a.compare:
-        other = spawn(a.spawn, a.compare, a.steps)
+        other = spawn(a.spawn, a.compare, a.steps, a.replicas)
         worst, ok = agree(losses, other)
         print(f"{a.backend} and {a.compare} losses {'match' if ok else 'DIFFER'} (max relative diff {worst:.2e}, "
               f"tolerance {RTOL:g})", flush=True)

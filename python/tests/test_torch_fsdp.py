@@ -177,6 +177,13 @@ def test_fsdp2_transformer(n):
     check_native(res, ["ALL_GATHER", "REDUCE_SCATTER", "ALL_REDUCE"])
 
 
+def test_hsdp_transformer():
+    """HSDP on 4 ranks (fully_shard on a 2 x 2 mesh): subgroups; gradients reduce-scattered
+    within a replica, all-reduced across the two."""
+    res = train_both(4, "fsdp2_transformer", replicas=2)
+    check_native(res, ["ALL_GATHER", "REDUCE_SCATTER", "ALL_REDUCE"])
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_tp_dtensor_sequence_parallel(n):
     """parallelize_module with ColwiseParallel / RowwiseParallel / SequenceParallel: the
