@@ -31,6 +31,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -42,6 +43,7 @@ import tutti.torch  # noqa: F401  registers the backend "tutti"
 VOCAB, D_MODEL, HEADS, LAYERS, SEQ = 256, 64, 4, 2, 32
 GLOBAL_BATCH = 16  # sequences per step, split evenly over the ranks (1, 2 or 4)
 LR = 3e-3
+step_seconds = []  # the wall time of each step of the last train()
 RTOL = 1e-4  # relative agreement of the losses (with the reference, or the other backend)
 
 
@@ -138,7 +140,9 @@ def train(steps, replicas=1):
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     per = GLOBAL_BATCH // n
     losses = []
+    step_seconds.clear()
     for step in range(steps):
+        t0 = time.perf_counter()
         x, y = batch(step)
         x, y = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
         loss = loss_of(model, x, y)
@@ -148,6 +152,7 @@ def train(steps, replicas=1):
         mean = loss.detach().clone()
         dist.all_reduce(mean, op=dist.ReduceOp.SUM)
         losses.append(mean.item() / n)
+        step_seconds.append(time.perf_counter() - t0)
     return losses
 
 
@@ -168,6 +173,8 @@ def run(backend, steps, replicas=1, out=None):
         style = "FSDP" if replicas == 1 else f"HSDP, {replicas} replicas"
         print(f"{backend} on {dist.get_world_size()} ranks ({style}): losses {'match' if ok else 'DIFFER FROM'} the "
               f"one-process reference (max relative diff {worst:.2e}, tolerance {RTOL:g})", flush=True)
+        t = sorted(step_seconds[1:] or step_seconds)
+        print(f"{backend}: median step time {t[len(t) // 2] * 1e3:.1f} ms (steps after the first)", flush=True)
         if out:
             with open(out, "w") as f:
                 json.dump(losses, f)

@@ -34,6 +34,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,7 @@ import tutti.torch  # noqa: F401  registers the backend "tutti"
 VOCAB, D_MODEL, HEADS, LAYERS, SEQ, BATCH = 256, 64, 4, 2, 32, 8
 HEAD_DIM = D_MODEL // HEADS
 LR = 3e-3
+step_seconds = []  # the wall time of each step of the last train()
 RTOL = 1e-4  # relative agreement of the losses (with the reference, or the other backend)
 
 
@@ -167,13 +169,16 @@ def train(steps, sequence_parallel=True):
     model = parallelize(build(), mesh, sequence_parallel)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
+    step_seconds.clear()
     for step in range(steps):
+        t0 = time.perf_counter()
         x, y = batch(step)
         loss = loss_of(model, x, y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        step_seconds.append(time.perf_counter() - t0)
     reshard_check(mesh)
     return losses
 
@@ -224,6 +229,8 @@ def run(backend, steps, sequence_parallel=True, out=None):
         style = "sequence parallel" if sequence_parallel else "tensor parallel"
         print(f"{backend} on {dist.get_world_size()} ranks ({style}): losses {'match' if ok else 'DIFFER FROM'} "
               f"the one-process reference (max relative diff {worst:.2e}, tolerance {RTOL:g})", flush=True)
+        t = sorted(step_seconds[1:] or step_seconds)
+        print(f"{backend}: median step time {t[len(t) // 2] * 1e3:.1f} ms (steps after the first)", flush=True)
         if out:
             with open(out, "w") as f:
                 json.dump(losses, f)
