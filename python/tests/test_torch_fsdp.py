@@ -40,7 +40,7 @@ EXPECTED = {
     "_allgather_base": "ALL_GATHER",
     "allgather_into_tensor_coalesced": "ALL_GATHER",
     "all_gather_single_coalesced": "ALL_GATHER",
-    "reduce_scatter": "REDUCE_SCATTER",
+    "reduce_scatter": ("REDUCE_SCATTER", "ALL_TO_ALL_V"),  # uneven blocks: an all-to-all-v, reduced locally
     "reduce_scatter_single": "REDUCE_SCATTER",
     "_reduce_scatter_base": "REDUCE_SCATTER",
     "reduce_scatter_tensor_coalesced": "REDUCE_SCATTER",
@@ -238,6 +238,13 @@ def f_functional_coalesced(rank, n, port):
     y = torch.ones(2 * n, 3) * (rank + 1)
     got = funcol.wait_tensor(funcol.reduce_scatter_tensor(y, "avg", 0, g))
     assert torch.equal(got, torch.full((2, 3), (n + 1) / 2)), got
+    # the list form with uneven blocks (block q has q + 1 elements): one all-to-all-v
+    sizes = [q + 1 for q in range(n)]
+    blocks = list((torch.arange(sum(sizes), dtype=torch.float32) * (rank + 1)).split(sizes))
+    out = torch.empty(sizes[rank])
+    dist.reduce_scatter(out, blocks)
+    lo = sum(sizes[:rank])
+    assert torch.equal(out, torch.arange(lo, lo + sizes[rank], dtype=torch.float32) * tot), out
     dist.barrier()
     # the checker's own check: the legacy multi-tensor form loops over its tensors, and is caught
     seen = (dict(calls), dict(ops))
@@ -264,6 +271,7 @@ def test_functional_coalesced(n):
                    "_reduce_scatter_base")):
             assert sum(calls.get(name, 0) for name in m) == 3, (m, calls)
         assert calls.get("allreduce_coalesced") == 1, calls
+        assert calls.get("reduce_scatter") == 1 and ops.get(("reduce_scatter", "ALL_TO_ALL_V")) == 1, (calls, ops)
 
 
 @pytest.mark.parametrize("example", ["fsdp2_transformer", "tp_dtensor"])
@@ -275,3 +283,38 @@ def test_example_command_line(example):
     assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-4000:]}"
     assert "tutti on 2 ranks" in p.stdout and "losses match the one-process reference" in p.stdout, p.stdout[-4000:]
     assert "tutti and gloo losses match" in p.stdout, p.stdout[-4000:]
+
+
+def t_uneven_reduce_scatter(ctx, dtype):
+    """dist.reduce_scatter with uneven blocks (block q has q + 2 elements), every op,
+    against numpy references (the checks of test_torch.py)."""
+    import torch
+    from test_torch import TORCH_OPS, tdata, teq, tref
+
+    dist = ctx.dist()
+    n, r = ctx.n, ctx.rank
+    sizes = [q + 2 for q in range(n)]
+    lo = sum(sizes[:r])
+    for op in TORCH_OPS:
+        if dtype == "bool" and op == "AVG":
+            continue
+        t, _ = tdata(r, sum(sizes), dtype, op, salt=5)
+        want = tref(n, sum(sizes), dtype, op, salt=5)[lo:lo + sizes[r]]
+        out = torch.empty(sizes[r], dtype=t.dtype)
+        dist.reduce_scatter(out, list(t.split(sizes)), op=getattr(dist.ReduceOp, op))
+        teq(out, want, f"uneven reduce_scatter {dtype} {op}", dtype, op)
+        # asynchronous, into a non-contiguous output, from separate input tensors
+        out2 = torch.zeros(sizes[r], 2, dtype=t.dtype)[:, 0]
+        w = dist.reduce_scatter(out2, [b.clone() for b in t.split(sizes)], op=getattr(dist.ReduceOp, op),
+                                async_op=True)
+        w.wait()
+        teq(out2.contiguous(), want, f"async uneven reduce_scatter {dtype} {op}", dtype, op)
+    return True
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64",
+                                   "bool"])
+def test_uneven_reduce_scatter(ranks, dtype):
+    """Uneven reduce-scatter (an all-to-all-v and a local reduction; an all-reduce for
+    AVG of integers and for bool), every dtype and op, 1-4 ranks."""
+    ranks.run(t_uneven_reduce_scatter, dtype)
