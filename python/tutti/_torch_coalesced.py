@@ -6,12 +6,15 @@ torch hands a backend a batch of tensors in ``dist.all_reduce_coalesced``,
 ``reduce_scatter_single_coalesced``. Each batch here is one tutti collective over one
 buffer holding every tensor of the batch (the tensors themselves when they lie back to
 back in one storage, else a staging copy), not one collective per tensor: a batch of
-small tensors costs one op's latency, like NCCL's grouped calls.
+small tensors costs one op's latency, like NCCL's grouped calls. A batch of one tensor
+(torch's functional ``all_gather_tensor`` and ``reduce_scatter_tensor``, which DTensor
+issues, arrive here as batches of one) goes straight to the single-tensor op, without
+staging copies.
 """
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Callable, List
 
 import torch
 from torch._C._distributed_c10d import AllreduceOptions, ReduceScatterOptions
@@ -49,6 +52,9 @@ class CoalescedOps:
 
     _rank: int
     _size: int
+    # the group's single-tensor ops (annotations only: a stub here would shadow them)
+    all_gather_single: Callable[..., Any]
+    reduce_scatter_single: Callable[..., Any]
 
     def _submit(self, calls: list, keep: Any, post: list, outputs: Any, async_op: bool) -> Any:
         raise NotImplementedError
@@ -113,6 +119,8 @@ class CoalescedOps:
         for j, (o, i) in enumerate(zip(outputs, inputs)):
             if o.numel() != n * i.numel():
                 raise ValueError(f"tutti {what}: output {j} has {o.numel()} elements; it needs {n} x {i.numel()}")
+        if len(inputs) == 1:  # a batch of one (every functional all_gather_tensor): no staging copies
+            return self.all_gather_single(outputs[0], inputs[0], opts)
         sizes = [i.numel() for i in inputs]
         total = sum(sizes)
         if total == 0:
@@ -149,6 +157,8 @@ class CoalescedOps:
         for j, (o, i) in enumerate(zip(outputs, inputs)):
             if i.numel() != n * o.numel():
                 raise ValueError(f"tutti {what}: input {j} has {i.numel()} elements; it needs {n} x {o.numel()}")
+        if len(inputs) == 1:  # a batch of one (every functional reduce_scatter_tensor): no staging copies
+            return self.reduce_scatter_single(outputs[0], inputs[0], opts)
         code, opc = _reduce_codes(inputs[0], opts.reduceOp) if inputs else (0, 0)
         sizes = [o.numel() for o in outputs]
         total = sum(sizes)

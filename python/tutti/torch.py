@@ -80,6 +80,7 @@ from ._comm import _tag
 from ._torch_barrier import monitored_barrier as _monitored_barrier
 from ._torch_coalesced import CoalescedOps
 from ._torch_sparse import sparse_allreduce
+from ._torch_uneven import reduce_scatter_uneven
 from ._torch_util import (
     _DONE,
     _DT,
@@ -360,16 +361,8 @@ class ProcessGroupTutti(CoalescedOps, dist.ProcessGroup):
                 rl = dst.numel() * dst.element_size()
                 calls.append((C.REDUCE_SCATTER, 0, code, opc, dst.numel(), src.data_ptr(), sl, dst.data_ptr(), rl,
                               None))
-            else:  # uneven blocks: all-reduce everything, keep this rank's block
-                if counts[self._rank] != out.numel():
-                    raise ValueError(f"tutti reduce_scatter: input block {self._rank} has {counts[self._rank]} "
-                                     f"elements but the output has {out.numel()}")
-                tmp = src.clone() if src.data_ptr() in {t.data_ptr() for t in ins} else src
-                lo = sum(counts[: self._rank])
-                bufs.append(tmp)
-                nb = tmp.numel() * tmp.element_size()
-                calls.append((C.ALL_REDUCE, 0, code, opc, tmp.numel(), tmp.data_ptr(), nb, tmp.data_ptr(), nb, None))
-                post.append(lambda out=out, tmp=tmp, lo=lo: out.copy_(tmp[lo:lo + out.numel()].view(out.shape)))
+            else:  # uneven blocks: an all-to-all-v and a local reduction (tutti._torch_uneven)
+                reduce_scatter_uneven(self._rank, n, out, ins, src, code, opc, calls, bufs, post)
         return self._submit(calls, bufs, post, outputs, _async_op(opts))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
