@@ -10,6 +10,9 @@ each rank keeps 1/n of every parameter; the forward and backward passes all-gath
 (``reduce_scatter_tensor`` with AVG) back to their shards; AdamW steps on the shards.
 With ``--replicas R`` (HSDP) the mesh is 2-D, R replicas of n/R shards: the gradients are
 reduce-scattered within a replica and then all-reduced across the replicas (subgroups).
+``--bf16`` turns on mixed precision: bfloat16 parameters are all-gathered and computed
+with, float32 gradients reduced (against the float32 one-process run the losses then
+agree within ``BF16_RTOL`` only; between backends still within ``RTOL``).
 
 Each rank trains on its slice of a fixed global batch, so the run computes what one
 process computes on the whole batch. Rank 0 prints the loss of every step (the mean over
@@ -22,6 +25,7 @@ and compares the two backends' losses within the same tolerance.
     python fsdp2_transformer.py --spawn 4 --compare gloo     # tutti, then gloo, compared
     python fsdp2_transformer.py --spawn 2 --backend gloo     # gloo only
     python fsdp2_transformer.py --spawn 4 --replicas 2       # HSDP: 2 replicas x 2 shards
+    python fsdp2_transformer.py --spawn 2 --bf16 --compare gloo   # mixed precision
     torchrun --nproc-per-node 2 fsdp2_transformer.py
     tutti run -n 2 -- python fsdp2_transformer.py
 """
@@ -45,6 +49,7 @@ GLOBAL_BATCH = 16  # sequences per step, split evenly over the ranks (1, 2 or 4)
 LR = 3e-3
 step_seconds = []  # the wall time of each step of the last train()
 RTOL = 1e-4  # relative agreement of the losses (with the reference, or the other backend)
+BF16_RTOL = 3e-2  # with --bf16, against the float32 one-process run (bfloat16 keeps 8 bits)
 
 
 class Block(nn.Module):
@@ -119,12 +124,14 @@ def reference(steps):
     return losses
 
 
-def train(steps, replicas=1):
+def train(steps, replicas=1, bf16=False):
     """FSDP2 training on the default group; returns the per-step losses (mean over ranks).
     ``replicas`` > 1: HSDP, a 2-D mesh of that many replicas, each sharded over n/replicas
-    ranks (gradients reduce-scattered within a replica, then all-reduced across)."""
+    ranks (gradients reduce-scattered within a replica, then all-reduced across).
+    ``bf16``: mixed precision, parameters all-gathered and used in bfloat16, gradients
+    reduced in float32 (``MixedPrecisionPolicy``)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     rank, n = dist.get_rank(), dist.get_world_size()
     if GLOBAL_BATCH % n:
@@ -134,9 +141,11 @@ def train(steps, replicas=1):
     mesh = init_device_mesh("cpu", (n,)) if replicas == 1 else init_device_mesh(
         "cpu", (replicas, n // replicas), mesh_dim_names=("replicate", "shard"))
     model = build()
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+    kw = {"mp_policy": mp} if mp else {}
     for blk in model.blocks:
-        fully_shard(blk, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(blk, mesh=mesh, **kw)
+    fully_shard(model, mesh=mesh, **kw)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     per = GLOBAL_BATCH // n
     losses = []
@@ -145,7 +154,7 @@ def train(steps, replicas=1):
         t0 = time.perf_counter()
         x, y = batch(step)
         x, y = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
-        loss = loss_of(model, x, y)
+        loss = loss_of(model, x, y).float()
         opt.zero_grad()
         loss.backward()  # gradients reduce-scattered with AVG: the gradient of the global mean
         opt.step()
@@ -162,17 +171,18 @@ def agree(a, b, rtol=RTOL):
     return worst, len(a) == len(b) and worst <= rtol
 
 
-def run(backend, steps, replicas=1, out=None):
+def run(backend, steps, replicas=1, bf16=False, out=None):
     rank = dist.get_rank()
-    losses = train(steps, replicas)
+    losses = train(steps, replicas, bf16)
     if rank == 0:
         for i, v in enumerate(losses):
             print(f"{backend} step {i}: loss {v:.6f}", flush=True)
         want = reference(steps)
-        worst, ok = agree(losses, want)
-        style = "FSDP" if replicas == 1 else f"HSDP, {replicas} replicas"
+        rtol = BF16_RTOL if bf16 else RTOL
+        worst, ok = agree(losses, want, rtol)
+        style = ("FSDP" if replicas == 1 else f"HSDP, {replicas} replicas") + (", bfloat16" if bf16 else "")
         print(f"{backend} on {dist.get_world_size()} ranks ({style}): losses {'match' if ok else 'DIFFER FROM'} the "
-              f"one-process reference (max relative diff {worst:.2e}, tolerance {RTOL:g})", flush=True)
+              f"one-process reference (max relative diff {worst:.2e}, tolerance {rtol:g})", flush=True)
         t = sorted(step_seconds[1:] or step_seconds)
         print(f"{backend}: median step time {t[len(t) // 2] * 1e3:.1f} ms (steps after the first)", flush=True)
         if out:
@@ -183,23 +193,23 @@ def run(backend, steps, replicas=1, out=None):
     return losses
 
 
-def worker(rank, n, port, backend, steps, replicas, out):
+def worker(rank, n, port, backend, steps, replicas, bf16, out):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     dist.init_process_group(backend, rank=rank, world_size=n)
-    run(backend, steps, replicas, out)
+    run(backend, steps, replicas, bf16, out)
     dist.barrier()  # nobody leaves while rank 0 still checks (gloo aborts a rank whose peer left)
     dist.destroy_process_group()
 
 
-def spawn(n, backend, steps, replicas):
+def spawn(n, backend, steps, replicas, bf16):
     """Runs the training in n fresh processes; returns rank 0's losses."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "losses.json")
-        torch.multiprocessing.spawn(worker, args=(n, port, backend, steps, replicas, out), nprocs=n)
+        torch.multiprocessing.spawn(worker, args=(n, port, backend, steps, replicas, bf16, out), nprocs=n)
         with open(out) as f:
             return json.load(f)
 
@@ -212,17 +222,19 @@ def main():
     ap.add_argument("--compare", default=None, help="also run on this backend (e.g. gloo) and compare the losses")
     ap.add_argument("--replicas", type=int, default=1,
                     help="HSDP: a 2-D mesh of this many replicas, each sharded over the others")
+    ap.add_argument("--bf16", action="store_true",
+                    help="mixed precision: bfloat16 parameters and compute, float32 gradient reduction")
     a = ap.parse_args()
     if not a.spawn:  # started by a launcher (torchrun, tutti run)
         torch.set_num_threads(1)
         dist.init_process_group(a.backend)
-        run(a.backend, a.steps, a.replicas)
+        run(a.backend, a.steps, a.replicas, a.bf16)
         dist.barrier()
         dist.destroy_process_group()
         return
-    losses = spawn(a.spawn, a.backend, a.steps, a.replicas)
+    losses = spawn(a.spawn, a.backend, a.steps, a.replicas, a.bf16)
     if a.compare:
-        other = spawn(a.spawn, a.compare, a.steps, a.replicas)
+        other = spawn(a.spawn, a.compare, a.steps, a.replicas, a.bf16)
         worst, ok = agree(losses, other)
         print(f"{a.backend} and {a.compare} losses {'match' if ok else 'DIFFER'} (max relative diff {worst:.2e}, "
               f"tolerance {RTOL:g})", flush=True)

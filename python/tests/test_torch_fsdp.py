@@ -177,6 +177,13 @@ def test_fsdp2_transformer(n):
     check_native(res, ["ALL_GATHER", "REDUCE_SCATTER", "ALL_REDUCE"])
 
 
+def test_fsdp2_mixed_precision():
+    """fully_shard with MixedPrecisionPolicy (bfloat16 parameters all-gathered, float32
+    gradients reduce-scattered) on 2 ranks: losses equal gloo's within tolerance."""
+    res = train_both(2, "fsdp2_transformer", bf16=True)
+    check_native(res, ["ALL_GATHER", "REDUCE_SCATTER", "ALL_REDUCE"])
+
+
 def test_hsdp_transformer():
     """HSDP on 4 ranks (fully_shard on a 2 x 2 mesh): subgroups; gradients reduce-scattered
     within a replica, all-reduced across the two."""
