@@ -162,14 +162,19 @@ pub(crate) fn guard(
     });
     match r {
         Ok(()) => tuttiSuccess,
-        Err(f) => {
-            match comm {
-                Some(c) => c.record(&f.msg),
-                None => set_thread_error(&f.msg),
-            }
-            f.code
-        }
+        Err(f) => failed(comm, f),
     }
+}
+
+/// Records a failure on `comm` (if any) and on this thread; its code.
+#[cold]
+#[inline(never)]
+fn failed(comm: Option<&tuttiComm>, f: Failure) -> tuttiResult_t {
+    match comm {
+        Some(c) => c.record(&f.msg),
+        None => set_thread_error(&f.msg),
+    }
+    f.code
 }
 
 /// Runs `f` on the communicator behind `h` with panics caught.
