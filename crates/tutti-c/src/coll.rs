@@ -17,7 +17,7 @@ use std::sync::Arc;
 use tutti::{Collective, DataType, RawCall, RawP2p, ReduceOp};
 
 #[inline(always)]
-fn dtype_of(t: tuttiDataType_t) -> Option<DataType> {
+pub(crate) fn dtype_of(t: tuttiDataType_t) -> Option<DataType> {
     Some(match t {
         tuttiInt8 => DataType::I8,
         tuttiUint8 => DataType::U8,
@@ -34,7 +34,7 @@ fn dtype_of(t: tuttiDataType_t) -> Option<DataType> {
 }
 
 #[inline(always)]
-fn op_of(o: tuttiRedOp_t) -> Option<ReduceOp> {
+pub(crate) fn op_of(o: tuttiRedOp_t) -> Option<ReduceOp> {
     Some(match o {
         tuttiSum => ReduceOp::Sum,
         tuttiProd => ReduceOp::Prod,
@@ -216,6 +216,30 @@ macro_rules! entry {
 /// `comm` and `queue` live handles (queue may be NULL).
 #[no_mangle]
 pub unsafe extern "C" fn tuttiAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: tuttiDataType_t,
+    op: tuttiRedOp_t,
+    comm: tuttiComm_t,
+    queue: tuttiQueue_t,
+) -> tuttiResult_t {
+    // SAFETY: the caller's promises, passed on.
+    unsafe {
+        match crate::fast::all_reduce(sendbuff, recvbuff, count, datatype, op, comm, queue) {
+            Some(r) => r,
+            None => all_reduce_checked(sendbuff, recvbuff, count, datatype, op, comm, queue),
+        }
+    }
+}
+
+/// [`tuttiAllReduce`] through the full checks (every call the fast path
+/// does not take), out of line so that the fast path's frame stays small.
+///
+/// # Safety
+/// As for [`tuttiAllReduce`].
+#[inline(never)]
+unsafe fn all_reduce_checked(
     sendbuff: *const c_void,
     recvbuff: *mut c_void,
     count: usize,

@@ -114,7 +114,16 @@ static OPEN_GROUPS: AtomicUsize = AtomicUsize::new(0);
 /// Whether this thread is between `tuttiGroupStart` and `tuttiGroupEnd`.
 #[inline]
 pub(crate) fn in_group() -> bool {
-    OPEN_GROUPS.load(Ordering::Relaxed) > 0 && DEPTH.with(|d| d.get()) > 0
+    OPEN_GROUPS.load(Ordering::Relaxed) > 0 && depth_open()
+}
+
+/// This thread's group depth is not 0. Out of line: inlined, the compiler
+/// hoisted the thread-local lookup (`__tls_get_addr` in the shared
+/// library) above the load of `OPEN_GROUPS`, so every call paid it.
+#[cold]
+#[inline(never)]
+fn depth_open() -> bool {
+    DEPTH.with(|d| d.get()) > 0
 }
 
 /// Runs `op` now (NULL queue), on `queue`, or keeps it for the open group.

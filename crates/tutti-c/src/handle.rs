@@ -12,8 +12,8 @@
 
 use crate::*;
 use std::cell::RefCell;
-use std::mem::ManuallyDrop;
 use std::ffi::{c_char, CStr, CString};
+use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use tutti::{Communicator, Error, Options};
@@ -85,7 +85,9 @@ pub(crate) unsafe fn comm_ref(
     // SAFETY: the caller promises `h` came from `Arc::into_raw` and that
     // the handle's reference is held until this borrow ends; the
     // `ManuallyDrop` never gives that reference back.
-    Ok(ManuallyDrop::new(unsafe { Arc::from_raw(h as *const tuttiComm) }))
+    Ok(ManuallyDrop::new(unsafe {
+        Arc::from_raw(h as *const tuttiComm)
+    }))
 }
 
 thread_local! {
@@ -162,14 +164,19 @@ pub(crate) fn guard(
     });
     match r {
         Ok(()) => tuttiSuccess,
-        Err(f) => {
-            match comm {
-                Some(c) => c.record(&f.msg),
-                None => set_thread_error(&f.msg),
-            }
-            f.code
-        }
+        Err(f) => failed(comm, f),
     }
+}
+
+/// Records a failure on `comm` (if any) and on this thread; its code.
+#[cold]
+#[inline(never)]
+fn failed(comm: Option<&tuttiComm>, f: Failure) -> tuttiResult_t {
+    match comm {
+        Some(c) => c.record(&f.msg),
+        None => set_thread_error(&f.msg),
+    }
+    f.code
 }
 
 /// Runs `f` on the communicator behind `h` with panics caught.

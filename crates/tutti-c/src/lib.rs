@@ -16,6 +16,7 @@
 
 mod coll;
 mod comm;
+mod fast;
 mod group;
 mod handle;
 mod queue;

@@ -289,7 +289,9 @@ fn pkg_config_and_the_static_library_link() {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
         Ok(o) => panic!("pkg-config tutti failed\n{}", show(&o)),
         Err(e) => {
-            skip(&format!("pkg-config is not installed ({e}; apt-get install pkg-config)"));
+            skip(&format!(
+                "pkg-config is not installed ({e}; apt-get install pkg-config)"
+            ));
             return;
         }
     };
@@ -329,7 +331,9 @@ fn a_cmake_project_finds_the_package_and_links_both_libraries() {
         Ok(o) if o.status.success() => {}
         Ok(o) => panic!("cmake --version failed\n{}", show(&o)),
         Err(e) => {
-            skip(&format!("cmake is not installed ({e}; apt-get install cmake)"));
+            skip(&format!(
+                "cmake is not installed ({e}; apt-get install cmake)"
+            ));
             return;
         }
     }
@@ -362,10 +366,19 @@ fn a_cmake_project_finds_the_package_and_links_both_libraries() {
     let o = Command::new("ldd").arg(build.join("app")).output();
     if let Ok(o) = o {
         let text = String::from_utf8_lossy(&o.stdout);
-        assert!(text.contains("libtutti.so.0"), "app is not linked to libtutti.so.0:\n{text}");
-        let o = Command::new("ldd").arg(build.join("app_static")).output().expect("ldd");
+        assert!(
+            text.contains("libtutti.so.0"),
+            "app is not linked to libtutti.so.0:\n{text}"
+        );
+        let o = Command::new("ldd")
+            .arg(build.join("app_static"))
+            .output()
+            .expect("ldd");
         let text = String::from_utf8_lossy(&o.stdout);
-        assert!(!text.contains("libtutti"), "app_static links libtutti dynamically:\n{text}");
+        assert!(
+            !text.contains("libtutti"),
+            "app_static links libtutti dynamically:\n{text}"
+        );
     }
     let _ = std::fs::remove_dir_all(&build);
 }

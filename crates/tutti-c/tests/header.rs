@@ -109,9 +109,11 @@ fn docs_list_exactly_what_the_compat_headers_cover() {
             .step_by(2)
             .filter(|w| w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
             .filter(|w| {
-                ["nccl", "NCCL_", "cuda", "Hccl", "HCCL_", "aclrt", "acl", "ACL_"]
-                    .iter()
-                    .any(|p| w.starts_with(p))
+                [
+                    "nccl", "NCCL_", "cuda", "Hccl", "HCCL_", "aclrt", "acl", "ACL_",
+                ]
+                .iter()
+                .any(|p| w.starts_with(p))
             });
         for w in claimed {
             assert!(
@@ -131,7 +133,10 @@ fn docs_show_the_tested_cmake_project() {
     let project =
         std::fs::read_to_string(dir.join("tests/cmake/CMakeLists.txt")).expect("CMakeLists.txt");
     let shown: Vec<&str> = docs.lines().collect();
-    for line in project.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+    for line in project
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
         assert!(
             shown.contains(&line),
             "docs/c.md does not show this line of tests/cmake/CMakeLists.txt: {line}"

@@ -42,6 +42,9 @@ int main(void) {
   BAD(I, "unknown datatype -1", tuttiAllReduce(a, b, 4, -1, tuttiSum, comm, NULL));
   BAD(I, "unknown reduction 9", tuttiAllReduce(a, b, 4, tuttiFloat32, 9, comm, NULL));
   BAD(I, "overlap", tuttiAllReduce(a, a + 1, 4, tuttiFloat32, tuttiSum, comm, NULL));
+  BAD(I, "overlap", tuttiAllReduce(a + 3, a, 4, tuttiFloat32, tuttiSum, comm, NULL));
+  CHECK(tuttiAllReduce(a, a + 4, 4, tuttiFloat32, tuttiSum, comm, NULL)); /* adjacent */
+  CHECK(tuttiAllReduce(a + 4, a, 4, tuttiFloat32, tuttiSum, comm, NULL));
   BAD(I, "overflows", tuttiAllReduce(a, b, (size_t)-1 / 2, tuttiFloat32, tuttiSum, comm, NULL));
   BAD(I, "root 5 is out of range", tuttiBroadcast(a, b, 4, tuttiFloat32, 5, comm, NULL));
   BAD(I, "root -1 is out of range", tuttiReduce(a, b, 4, tuttiFloat32, tuttiSum, -1, comm, NULL));
