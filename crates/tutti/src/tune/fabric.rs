@@ -175,7 +175,7 @@ pub fn simulate(
         out: vec![0.0; nports],
         inn: vec![0.0; nports],
     };
-    if !(fabric.burst_bytes > 0.0) {
+    if fabric.burst_bytes.is_nan() || fabric.burst_bytes <= 0.0 {
         return run(model, scheds, elem, fabric, threads, &mut ports);
     }
     let rate = fabric.port_gbps / fabric.oversub.max(1.0) * 1e3; // bytes per us

@@ -70,7 +70,7 @@ fn colls(n: usize) -> Vec<Collective> {
 /// A host layout for `n` ranks: a grid where `n` has a factor, else
 /// ranks dealt round-robin to 2 hosts (uneven: hierarchical declines).
 fn layout(n: usize) -> Arc<[usize]> {
-    let l = (2..n).find(|l| n % l == 0).unwrap_or(1);
+    let l = (2..n).find(|l| n.is_multiple_of(*l)).unwrap_or(1);
     (0..n)
         .map(|r| if l > 1 { r / l } else { r % 2 })
         .collect::<Vec<_>>()
