@@ -6,6 +6,7 @@
 #
 # Usage (root; take the bench lock): flock /work/bench.lock scripts/sim_ddp.sh
 #   PY=.venv/bin/python LINK=1gbit ARGS="--batch 128 --steps 10 --warmup 3" OUT=bench/sim/ddp
+#   GRAD_BYTES=12763168 (the MLP's gradients: also timed alone with tutti perf all_reduce)
 set -eu
 PY=${PY:-.venv/bin/python}
 LINK=${LINK:-1gbit}
@@ -21,6 +22,11 @@ for H in 1 2 4; do
   scripts/cluster.sh up --hosts "$H" --link "$LINK" --prefix simd >/dev/null
   timeout 300 scripts/cluster.sh launch --prefix simd --hosts "$H" --ranks-per-host 1 --timeout 280 -- \
     "$PY" $EX --time $ARGS > "$OUT/ddp-$H.txt" 2>&1 || echo "ddp $H hosts: failed (see $OUT/ddp-$H.txt)"
+  # the gradients' AllReduce alone (the MLP's 12763168 bytes), as tutti perf measures it
+  [ "$H" -gt 1 ] && TUTTI_TUNE=model timeout 120 scripts/cluster.sh launch --prefix simd --hosts "$H" \
+    --ranks-per-host 1 --no-label --timeout 100 -- target/release/tutti perf all_reduce \
+    -b "${GRAD_BYTES:-12763168}" -e "${GRAD_BYTES:-12763168}" -c 0 > "$OUT/perf-$H.txt" 2>&1
 done
 scripts/cluster.sh down --prefix simd >/dev/null
 grep -h "timed:" "$OUT"/*.txt
+grep -H "^ *[0-9]" "$OUT"/perf-*.txt
