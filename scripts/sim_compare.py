@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""sim_compare.py CLUSTER OUT: measured (OUT/SHAPE-COLL.json from sim_validate.sh) against
+"""sim_compare.py CLUSTER OUT [OUT...]: measured (OUT/SHAPE-COLL.json from sim_validate.sh) against
 `tutti sim CLUSTER --hosts H --ranks-per-host K COLL -a ALG -b SIZE -e SIZE` for the
 algorithm each call ran; prints a markdown table, the median and the largest error."""
 import glob, json, os, statistics, subprocess, sys
 
-cluster, out = sys.argv[1], sys.argv[2]
+cluster, outs = sys.argv[1], sys.argv[2:]
 binary = os.environ.get("BIN", "target/release/tutti")
 rows = []
-for path in sorted(glob.glob(os.path.join(out, "*x*-*.json"))):
+for path in sorted(p for out in outs for p in glob.glob(os.path.join(out, "*x*-*.json"))):
     shape, coll = os.path.basename(path)[:-5].split("-", 1)
     h, k = shape.split("x")
     for r in json.load(open(path))["rows"]:

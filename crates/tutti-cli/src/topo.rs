@@ -126,6 +126,8 @@ fn cluster_file(comm: &Communicator) -> crate::sim::cluster::Cluster {
             ports: 1,
             oversubscription: 1.0,
             stream_gbit: None,
+            burst_kib: None,
+            line_gbit: None,
         }),
     }
 }

@@ -18,6 +18,8 @@
 //! ports = 1              # NICs per host
 //! oversubscription = 1   # k for a k:1 oversubscribed switch
 //! stream_gbit = 25       # optional: one rank's TCP stream at most
+//! burst_kib = 256        # optional: each port's token bucket (a shaper's burst)
+//! line_gbit = 10         # with burst_kib: the rate a burst leaves at
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -83,6 +85,17 @@ pub(crate) struct NetLevel {
     /// One rank's TCP stream at most, Gbit/s (default: the port's rate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_gbit: Option<f64>,
+    /// Each port's token bucket, KiB, each way (a shaper's burst, such
+    /// as Linux tbf's, or what a switch port's buffer absorbs): after an
+    /// idle spell this much passes at `line_gbit`. Absent or 0: none, every
+    /// byte at `bandwidth_gbit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst_kib: Option<f64>,
+    /// The link's rate under the shaper, Gbit/s: how fast a burst leaves
+    /// (and a stream's limit when `stream_gbit` is absent). Needed with
+    /// `burst_kib`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line_gbit: Option<f64>,
 }
 
 fn one() -> usize {
@@ -146,6 +159,8 @@ pub(crate) struct Checked {
     pub oversub: f64,
     /// The share of a core each rank gets (at most 1).
     pub cpu_share: f64,
+    /// Each port's token bucket, bytes (0: none).
+    pub burst_bytes: f64,
 }
 
 impl Checked {
@@ -156,13 +171,16 @@ impl Checked {
 
     /// The fabric of this cluster.
     pub fn fabric(&self) -> Fabric {
-        Fabric::grid(
-            self.hosts,
-            self.per_host,
-            self.ports,
-            self.port_gbps,
-            self.oversub,
-        )
+        Fabric {
+            burst_bytes: self.burst_bytes,
+            ..Fabric::grid(
+                self.hosts,
+                self.per_host,
+                self.ports,
+                self.port_gbps,
+                self.oversub,
+            )
+        }
     }
 
     /// The host of every rank, for problems spanning several hosts.
@@ -241,6 +259,7 @@ impl Cluster {
             model.copy_gbps = c / 8.0;
         }
         let (mut ports, mut port_gbps, mut oversub) = (1, f64::INFINITY, 1.0);
+        let mut burst_bytes = 0.0;
         match (&self.network, hosts) {
             (None, 1) => {}
             (None, _) => {
@@ -264,9 +283,22 @@ impl Cluster {
                     ));
                 }
                 optional_positive("network.stream_gbit", net.stream_gbit)?;
+                let b = net.burst_kib.unwrap_or(0.0);
+                if !(b.is_finite() && b >= 0.0) {
+                    return Err(bad("network.burst_kib", b, "0 or more, e.g. 256"));
+                }
+                // A rank's stream is limited by the port's rate, or, with a
+                // bucket, by the line under the shaper.
+                let line = if b > 0.0 {
+                    positive("network.line_gbit", net.line_gbit, "10 (needed with burst_kib)")?
+                } else {
+                    optional_positive("network.line_gbit", net.line_gbit)?;
+                    bw
+                };
+                burst_bytes = b * 1024.0;
                 model.tcp = LinkCost {
                     alpha_us: lat,
-                    gbps: net.stream_gbit.unwrap_or(bw).min(bw) / 8.0,
+                    gbps: net.stream_gbit.unwrap_or(line).min(line) / 8.0,
                 };
                 ports = net.ports;
                 port_gbps = bw / 8.0;
@@ -298,6 +330,7 @@ impl Cluster {
             port_gbps,
             oversub,
             cpu_share,
+            burst_bytes,
         })
     }
 }

@@ -154,6 +154,12 @@ pub(crate) fn describe(c: &Checked, file: &str) -> String {
             c.model.tcp.gbps * 8.0,
             c.oversub
         );
+        if c.burst_bytes > 0.0 {
+            s += &format!(
+                "#            token bucket {:.0} KiB per port each way (steady state of back-to-back calls)\n",
+                c.burst_bytes / 1024.0
+            );
+        }
     }
     s
 }

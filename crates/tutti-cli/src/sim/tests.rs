@@ -111,6 +111,14 @@ fn parser_names_the_bad_field() {
         "network.latency_us",
     );
     rejects(&GOOD.replace("ports = 2", "nics = 2"), "nics");
+    rejects(
+        &GOOD.replace("ports = 2", "burst_kib = 256"),
+        "network.line_gbit",
+    );
+    rejects(
+        &GOOD.replace("ports = 2", "burst_kib = -1\nline_gbit = 10"),
+        "network.burst_kib",
+    );
     let two_hosts_no_net = GOOD.split("[network]").next().unwrap().to_string();
     rejects(&two_hosts_no_net, "network");
     let e = resolve("no-such-preset").unwrap_err();
@@ -217,4 +225,31 @@ fn what_ifs_of_the_seeds_case() {
     }
     assert!(v.iter().any(|x| x.what == "bf16 on the wire"));
     assert!(v.windows(2).all(|p| p[0].gain >= p[1].gain));
+}
+
+/// A token bucket on the ports: read from the file, and never slower than
+/// the same link without one; absent, the prediction is exactly today's.
+#[test]
+fn a_burst_never_slows_a_call() {
+    let plain = Cluster::parse(GOOD).unwrap().check().unwrap();
+    assert_eq!(plain.burst_bytes, 0.0);
+    let shaped = GOOD.replace("ports = 2", "ports = 2\nburst_kib = 256\nline_gbit = 20");
+    let b = Cluster::parse(&shaped).unwrap().check().unwrap();
+    assert_eq!(b.burst_bytes, 256.0 * 1024.0);
+    assert_eq!(b.model.tcp.gbps, 20.0 / 8.0);
+    assert_eq!(b.fabric().burst_bytes, 256.0 * 1024.0);
+    let zero = GOOD.replace("ports = 2", "ports = 2\nburst_kib = 0");
+    let z = Cluster::parse(&zero).unwrap().check().unwrap();
+    for alg in [Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::Tree] {
+        for count in [1usize << 10, 1 << 14, 1 << 16, 1 << 20] {
+            let t = |c| {
+                price::price_one(c, Collective::AllReduce, count, 4, alg, 1)
+                    .unwrap()
+                    .us
+            };
+            let (tp, tb, tz) = (t(&plain), t(&b), t(&z));
+            assert_eq!(tp, tz, "{alg} {count}");
+            assert!(tb <= tp * (1.0 + 1e-9), "{alg} {count}: {tb} > {tp}");
+        }
+    }
 }

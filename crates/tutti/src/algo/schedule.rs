@@ -2,7 +2,12 @@
 //! them once (dependencies, read-back receives, reduction chains).
 
 use super::{Buf, Loc, Problem, Step};
+use hazards::{dependencies, read_back};
 use std::ops::Range;
+
+mod hazards;
+#[cfg(test)]
+mod tests;
 
 /// A rank's list of steps for one collective, with the dependencies the
 /// executor must respect.
@@ -93,51 +98,6 @@ fn overlaps(a: &[(Buf, Range<usize>)], b: &[(Buf, Range<usize>)], alias: Option<
             ba == bb && ra.start < rb.end && rb.start < ra.end && !ra.is_empty()
         })
     })
-}
-
-/// For each step, the earlier steps it conflicts with: data hazards and
-/// fences. Message order on each peer queue is kept by the executor itself,
-/// not by dependencies (a fused step may receive while an earlier send to
-/// its forward peer is still draining).
-fn dependencies(steps: &[Step], alias: Option<usize>) -> Vec<Vec<u32>> {
-    let rw: Vec<_> = steps.iter().map(|s| (s.reads(), s.writes())).collect();
-    let mut deps = Vec::with_capacity(steps.len());
-    let mut last_fence: Option<usize> = None;
-    for (i, s) in steps.iter().enumerate() {
-        let mut d = Vec::new();
-        if matches!(s, Step::Fence) {
-            d.extend((last_fence.unwrap_or(0)..i).map(|j| j as u32));
-            last_fence = Some(i);
-            deps.push(d);
-            continue;
-        }
-        let start = last_fence.unwrap_or(0);
-        if let Some(f) = last_fence {
-            d.push(f as u32);
-        }
-        let (ri, wi) = &rw[i];
-        for (j, (rj, wj)) in rw.iter().enumerate().take(i).skip(start) {
-            let hazard =
-                overlaps(wi, rj, alias) || overlaps(ri, wj, alias) || overlaps(wi, wj, alias);
-            if hazard {
-                d.push(j as u32);
-            }
-        }
-        deps.push(d);
-    }
-    deps
-}
-
-/// For each step, whether a later step reads a range it writes (fences
-/// do not matter here: the bytes are read again either way).
-fn read_back(steps: &[Step], alias: Option<usize>) -> Vec<bool> {
-    let rw: Vec<_> = steps.iter().map(|s| (s.reads(), s.writes())).collect();
-    (0..steps.len())
-        .map(|j| {
-            let wj = &rw[j].1;
-            !wj.is_empty() && rw[j + 1..].iter().any(|(ri, _)| overlaps(ri, wj, alias))
-        })
-        .collect()
 }
 
 /// The reduction chains of a schedule ([`Schedule::reduce_chain`]): for

@@ -46,6 +46,12 @@ pub struct Fabric {
     pub port_gbps: f64,
     /// Switch oversubscription (1 = full bisection; 4 = 4:1).
     pub oversub: f64,
+    /// Each port's token bucket, bytes, each way (0: none). A shaped link
+    /// (a token-bucket shaper such as Linux `tbf`, or a switch port's
+    /// buffer) lets up to this many bytes through at once after it was
+    /// idle; on average it still carries `port_gbps / oversub`. See
+    /// [`simulate`].
+    pub burst_bytes: f64,
 }
 
 impl Fabric {
@@ -58,6 +64,7 @@ impl Fabric {
             ports: ports.max(1),
             port_gbps,
             oversub: oversub.max(1.0),
+            burst_bytes: 0.0,
         }
     }
 
@@ -144,6 +151,16 @@ const UNSET: f64 = f64::NAN;
 /// `threads`) within a host, `model.tcp` between hosts, `elem` bytes per
 /// element. Returns the predicted time and the traffic; `us` is infinite
 /// if the schedules deadlock (a send without its receive).
+///
+/// With a token bucket on the ports ([`Fabric::burst_bytes`]) the result
+/// is the steady state of the call issued back to back, as `tutti perf`
+/// and a training loop issue it: the call is simulated again, each port
+/// starting with the tokens (or the backlog) the previous call left it,
+/// from empty buckets, until the ports' state repeats (at most
+/// [`BURST_ROUNDS`] calls). A call that
+/// keeps its ports busy gets nothing from the bucket; one that leaves them
+/// idle part of the time (latency, copies within hosts) sends a burst at
+/// the stream's rate at its start.
 pub fn simulate(
     model: &CostModel,
     scheds: &[Schedule],
@@ -151,13 +168,69 @@ pub fn simulate(
     fabric: &Fabric,
     threads: bool,
 ) -> SimStats {
+    let nports = fabric.nhosts() * fabric.ports.max(1);
+    // Each port's "clear" time: when its bucket is empty with nothing
+    // queued. Without a bucket, when it is next free.
+    let mut ports = Ports {
+        out: vec![0.0; nports],
+        inn: vec![0.0; nports],
+    };
+    if fabric.burst_bytes.is_nan() || fabric.burst_bytes <= 0.0 {
+        return run(model, scheds, elem, fabric, threads, &mut ports);
+    }
+    let rate = fabric.port_gbps / fabric.oversub.max(1.0) * 1e3; // bytes per us
+    let full = -fabric.burst_bytes / rate;
+    // From empty buckets: each call starts with what the one before left.
+    let mut stats = SimStats::default();
+    for _ in 0..BURST_ROUNDS {
+        let before = (ports.out.clone(), ports.inn.clone());
+        stats = run(model, scheds, elem, fabric, threads, &mut ports);
+        if !stats.us.is_finite() {
+            break;
+        }
+        // The next call starts when this one ends.
+        for v in ports.out.iter_mut().chain(ports.inn.iter_mut()) {
+            *v = (*v - stats.us).max(full);
+        }
+        let moved = (before.0.iter().zip(&ports.out))
+            .chain(before.1.iter().zip(&ports.inn))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        if moved <= 1e-3 * stats.us {
+            break;
+        }
+    }
+    stats
+}
+
+/// Calls simulated back to back, at most, for the steady state of a
+/// shaped link ([`simulate`]).
+pub const BURST_ROUNDS: usize = 16;
+
+/// Every port's clear time, each way: without a bucket, when it is next
+/// free; with one, when the bucket would be empty (earlier: it holds
+/// `(t - clear) * rate` bytes of tokens at `t`, at most the burst).
+struct Ports {
+    out: Vec<f64>,
+    inn: Vec<f64>,
+}
+
+/// One run of the simulation from the ports' state `pp`, which it leaves
+/// as the call left them.
+fn run(
+    model: &CostModel,
+    scheds: &[Schedule],
+    elem: usize,
+    fabric: &Fabric,
+    threads: bool,
+    pp: &mut Ports,
+) -> SimStats {
     let n = scheds.len();
     let mut rs: Vec<Rank> = scheds.iter().map(Rank::new).collect();
-    let nh = fabric.nhosts();
     let ports = fabric.ports.max(1);
-    let mut port_out = vec![0f64; nh * ports];
-    let mut port_in = vec![0f64; nh * ports];
+    let (port_out, port_in) = (&mut pp.out, &mut pp.inn);
     let port_gbps = fabric.port_gbps / fabric.oversub.max(1.0);
+    let burst = fabric.burst_bytes.max(0.0);
     let host = |r: usize| fabric.host_of.get(r).copied().unwrap_or(0);
     let port = |r: usize| host(r) * ports + fabric.local_rank.get(r).copied().unwrap_or(0) % ports;
     let link_of = |a: usize, b: usize| -> (LinkCost, bool) {
@@ -230,12 +303,22 @@ pub fn simulate(
                     .max(rs[b].in_free)
                     .max(port_out[pa])
                     .max(port_in[pb]);
-            let wire = bytes / port_gbps / 1e3;
+            // Tokens in each port's bucket at `start` (none without one):
+            // that many bytes pass at the stream's rate, the rest at the port's.
+            let tokens = |clear: f64| {
+                if burst > 0.0 {
+                    ((start - clear) * port_gbps * 1e3).clamp(0.0, burst)
+                } else {
+                    0.0
+                }
+            };
+            let (to, ti) = (tokens(port_out[pa]), tokens(port_in[pb]));
+            let wire = (bytes - to.min(ti)).max(0.0) / port_gbps / 1e3;
             let end = start + l.alpha_us + busy.max(wire);
             rs[a].out_free = start + busy.max(wire);
             rs[b].in_free = start + busy.max(wire);
-            port_out[pa] = start + wire;
-            port_in[pb] = start + wire;
+            port_out[pa] = start + (bytes - to) / port_gbps / 1e3;
+            port_in[pb] = start + (bytes - ti) / port_gbps / 1e3;
             stats.net_bytes += bytes;
             (start, end)
         } else {
