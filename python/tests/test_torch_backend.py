@@ -102,6 +102,10 @@ def f_collectives(rank, n, port, backend):
         assert u.tolist() == [float(max(n - 1, 1))] * 2
     dist.barrier()
     ran = be.comm.ops_done() - before  # the world's CPU ops ran on tutti
+    import datetime
+
+    dist.distributed_c10d.set_timeout(datetime.timedelta(seconds=45))  # either route honours it
+    assert be.comm.timeout == 45.0, be.comm.timeout
     dist.destroy_process_group()
     return kind, ran
 
@@ -217,3 +221,96 @@ def test_device_mix_with_nccl():
         assert "CUDA" in out[0] or "cuda" in out[0], out[0]
     else:
         assert out[0][:2] == ("TuttiBackend", "ProcessGroupNCCL"), out[0]
+
+
+def f_split(rank, n, port, backend):
+    import datetime
+
+    import torch
+
+    dist = _init(rank, n, port, backend)
+    try:
+        sg = dist.split_group(split_ranks=[[2, 0], [1]], timeout=datetime.timedelta(seconds=7))
+    except RuntimeError as e:
+        assert backend == "tutti", e  # the ProcessGroup route has no per-device backend to split
+        dist.destroy_process_group()
+        return str(e)
+    be = _cpu_backend(sg)
+    assert type(be).__name__ == "TuttiBackend" and be.comm.timeout == 7.0, (type(be), be.comm.timeout)
+    members = [2, 0] if rank in (0, 2) else [1]
+    assert sg.size() == len(members) and sg.rank() == members.index(rank), (sg.size(), sg.rank())
+    assert dist.get_process_group_ranks(sg) == members, dist.get_process_group_ranks(sg)
+    got = [torch.empty(1) for _ in members]
+    dist.all_gather(got, torch.tensor([float(rank)]), group=sg)  # in the split's rank order
+    assert [g.item() for g in got] == [float(m) for m in members], got
+    w = dist.all_reduce(torch.ones(2), group=sg, async_op=True)
+    assert w.get_future().wait()[0].tolist() == [float(len(members))] * 2
+    # dist.set_timeout changes the group's deadline for later ops
+    dist.distributed_c10d.set_timeout(datetime.timedelta(seconds=3), group=sg)
+    assert be.comm.timeout == 3.0, be.comm.timeout
+    t = torch.ones(1)
+    dist.all_reduce(t)  # the world is unaffected
+    assert t.item() == n
+    dist.destroy_process_group()
+    return None
+
+
+@pytest.mark.parametrize("backend", list(ROUTES))
+def test_split_group(backend):
+    out = check_all(spawn(3, f_split, backend, timeout=90), f"split_group on {backend!r}")
+    for msg in out:
+        if backend == "tutti":
+            assert msg and "does not support splitting" in msg, msg
+        else:
+            assert msg is None
+
+
+def f_shrink(rank, n, port):
+    import torch
+
+    dist = _init(rank, n, port, "cpu:tutti")
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    if rank == n - 1:
+        return "excluded"  # leaves: its process exits, its communicator with it
+    new = dist.shrink_group([n - 1])
+    be = _cpu_backend(new)
+    assert type(be).__name__ == "TuttiBackend", type(be)
+    assert new.size() == n - 1 and new.rank() == rank and dist.get_world_size() == n - 1
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)  # the shrunk group is the default group now
+    assert t.tolist() == [(n - 1) * n / 2] * 3, t
+    w = dist.broadcast(torch.full((2,), float(rank)), src=0, async_op=True)
+    assert w.get_future().wait()[0].tolist() == [0.0, 0.0]
+    dist.destroy_process_group()
+    return "shrunk"
+
+
+def test_shrink_group():
+    out = check_all(spawn(3, f_shrink, timeout=90), "shrink_group")
+    assert out == ["shrunk", "shrunk", "excluded"], out
+
+
+def f_timeouts(rank, n, port):
+    import datetime
+
+    import torch
+
+    # the world's timeout is longer than the test's: only the group's ends the wait
+    dist = _init(rank, n, port, "cpu:tutti", seconds=600)
+    g = dist.new_group(list(range(n)), timeout=datetime.timedelta(seconds=2))
+    assert _cpu_backend(g).comm.timeout == 2.0
+    err = None
+    if rank == 0:
+        try:
+            dist.all_reduce(torch.ones(1), group=g)  # rank 1 never joins it
+        except RuntimeError as e:
+            err = type(e).__name__
+    dist.barrier()  # the world still works
+    dist.destroy_process_group()
+    return err
+
+
+def test_group_timeout_honoured():
+    out = check_all(spawn(2, f_timeouts, timeout=90), "per-group timeout")
+    assert out[0] == "TimeoutError", out

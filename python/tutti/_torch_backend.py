@@ -91,8 +91,8 @@ class TuttiBackend(TorchOps, CoalescedOps, C10dBackend):
 
     def set_timeout(self, timeout: Any) -> None:
         """``dist.set_timeout``: the deadline of this group's later ops."""
+        TorchOps.set_timeout(self, timeout)
         s = _seconds(timeout)
-        self._comm.timeout = s
         if s is not None:
             self._options._timeout = datetime.timedelta(seconds=s)
 

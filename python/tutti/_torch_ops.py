@@ -87,6 +87,10 @@ class TorchOps:
         """The tutti communicator (``tutti._native.Communicator``) behind this group."""
         return self._comm
 
+    def set_timeout(self, timeout: Any) -> None:
+        """``dist.set_timeout``: the deadline of this group's later ops (a timedelta)."""
+        self._comm.timeout = _seconds(timeout)
+
     # ---- plumbing ----
     def _submit(self, calls: list, keep: Any, post: list, outputs: Any, async_op: bool,
                 timeout: Optional[float] = None) -> Any:
