@@ -2,7 +2,8 @@
 """Per-call cost of the torch backend's two routes: 8 B dist.all_reduce loops.
 
 * ProcessGroup route (``init_process_group("tutti")``): a whole Python ProcessGroup
-  (``tutti.torch.ProcessGroupTutti``), whose methods torch calls directly.
+  (``tutti.torch.ProcessGroupTutti``), whose methods torch calls directly (it also
+  registers a TuttiBackend on the same communicator for torch's per-device questions).
 * Backend route (``"cpu:tutti"``, ``"cpu:tutti,cuda:nccl"``): a c10d Backend
   (``tutti.torch.TuttiBackend``) under torch's C++ ProcessGroup, reached through torch's
   dispatcher and its ``PyBackend`` trampoline (plus the hooks torch attaches to such a group).
@@ -37,8 +38,10 @@ def worker(rank, n, port, args, q):
     ranks = list(range(n))
     groups = {"ProcessGroup": dist.new_group(ranks, backend="tutti"),
               "Backend": dist.new_group(ranks, backend="cpu:tutti")}
-    kinds = {name: type(g._get_backend(torch.device("cpu"))).__name__ for name, g in groups.items()}
-    assert kinds == {"ProcessGroup": "ProcessGroupTutti", "Backend": "TuttiBackend"}, kinds
+    kinds = {name: (type(g).__name__, type(g._get_backend(torch.device("cpu"))).__name__)
+             for name, g in groups.items()}
+    assert kinds == {"ProcessGroup": ("ProcessGroupTutti", "TuttiBackend"),
+                     "Backend": ("ProcessGroup", "TuttiBackend")}, kinds
     buf = torch.ones(2, dtype=torch.float32)  # 8 bytes
 
     def timed(g, async_op):

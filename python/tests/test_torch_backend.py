@@ -1,6 +1,7 @@
-"""The torch backend's two routes: ``"tutti"`` (a whole Python ProcessGroup) and
-``"cpu:tutti"`` (a c10d Backend for cpu under torch's own ProcessGroup, which device
-mixes such as ``"cpu:tutti,cuda:nccl"`` use), and what only the second offers:
+"""The torch backend's two routes: ``"tutti"`` (a whole Python ProcessGroup, with a
+c10d Backend on the same communicator registered in it for cpu) and ``"cpu:tutti"`` (that
+c10d Backend under torch's own ProcessGroup, which device mixes such as
+``"cpu:tutti,cuda:nccl"`` use); and what torch asks of a per-device backend:
 ``dist.monitored_barrier``, ``dist.split_group``, ``dist.shrink_group``,
 ``dist.set_timeout``. Fresh processes per test (harness.spawn)."""
 
@@ -10,7 +11,8 @@ from harness import check_all, spawn
 
 pytest.importorskip("torch")
 
-ROUTES = {"tutti": "ProcessGroupTutti", "cpu:tutti": "TuttiBackend"}
+# the group's class and its cpu backend's, per route
+ROUTES = {"tutti": ("ProcessGroupTutti", "TuttiBackend"), "cpu:tutti": ("ProcessGroup", "TuttiBackend")}
 
 
 def _init(rank, n, port, backend, seconds=60):
@@ -36,7 +38,7 @@ def f_collectives(rank, n, port, backend):
 
     dist = _init(rank, n, port, backend)
     be = _cpu_backend(dist.group.WORLD)
-    kind = type(be).__name__
+    kind = (type(dist.group.WORLD).__name__, type(be).__name__)
     before = be.comm.ops_done()
     # all_reduce, blocking and asynchronous, with the Work's future
     t = torch.full((5,), float(rank + 1))
@@ -47,7 +49,7 @@ def f_collectives(rank, n, port, backend):
     fut = w.get_future()
     doubled = fut.then(lambda f: f.value()[0] * 2).wait()
     assert w.wait()
-    if kind == "ProcessGroupTutti":  # torch's PyWorkHolder (the Backend route) forwards only wait and get_future
+    if kind[0] == "ProcessGroupTutti":  # torch's PyWorkHolder (the Backend route) forwards only wait and get_future
         assert w.is_completed()
     assert t.tolist() == [float(n)] * 3 and doubled.tolist() == [2.0 * n] * 3, (t, doubled)
     # every kind of Work has a future: an empty list's, a barrier's, a send's
@@ -96,7 +98,7 @@ def f_collectives(rank, n, port, backend):
     # a new group of all but the last rank, and the world again
     sub = dist.new_group(list(range(max(n - 1, 1))))
     if rank < max(n - 1, 1):
-        assert type(_cpu_backend(sub)).__name__ == kind
+        assert (type(sub).__name__, type(_cpu_backend(sub)).__name__) == kind
         u = torch.ones(2)
         dist.all_reduce(u, group=sub)
         assert u.tolist() == [float(max(n - 1, 1))] * 2
@@ -125,30 +127,19 @@ def f_monitored(rank, n, port, backend, absent):
     import torch
 
     dist = _init(rank, n, port, backend)
-    refused = None
-    if backend == "tutti":
-        # the ProcessGroup route: torch's dist.monitored_barrier refuses a group without a
-        # c10d backend for cpu; the group's own method works
-        try:
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
-        except ValueError as e:
-            refused = str(e)
-        barrier = dist.group.WORLD.monitored_barrier
-    else:
-        def barrier(timeout, wait_all_ranks=False):
-            dist.monitored_barrier(timeout=timeout, wait_all_ranks=wait_all_ranks)
-    barrier(datetime.timedelta(seconds=30))  # everybody: passes
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))  # everybody: passes
+    dist.group.WORLD.monitored_barrier(datetime.timedelta(seconds=30))  # the group's method too
     err = None
     if rank not in absent:
         try:
-            barrier(datetime.timedelta(seconds=2), wait_all_ranks=len(absent) > 1)
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=2), wait_all_ranks=len(absent) > 1)
         except RuntimeError as e:
             err = str(e)
     t = torch.ones(4)  # the group is usable afterwards
     dist.all_reduce(t)
     assert t.tolist() == [float(n)] * 4
     dist.destroy_process_group()
-    return err, refused
+    return err
 
 
 @pytest.mark.parametrize("backend", list(ROUTES))
@@ -156,17 +147,14 @@ def f_monitored(rank, n, port, backend, absent):
 def test_monitored_barrier_names_missing_rank(backend, absent):
     out = check_all(spawn(3, f_monitored, backend, absent, timeout=90), "monitored_barrier")
     if len(absent) == 1:
-        assert f"Rank {absent[0]} failed to pass monitoredBarrier" in out[0][0], out[0]
+        assert f"Rank {absent[0]} failed to pass monitoredBarrier" in out[0], out[0]
     else:
-        assert "Ranks 1, 2 failed to pass monitoredBarrier" in out[0][0], out[0]
+        assert "Ranks 1, 2 failed to pass monitoredBarrier" in out[0], out[0]
     for r in range(1, 3):
         if r not in absent:
-            assert f"Rank {r} successfully reached monitoredBarrier" in out[r][0], out[r]
-    for _, refused in out:
-        if backend == "tutti":
-            assert refused and "CPU-capable backend" in refused, refused
+            assert f"Rank {r} successfully reached monitoredBarrier" in out[r], out[r]
         else:
-            assert refused is None
+            assert out[r] is None
 
 
 def f_device_mix(rank, n, port, spec):
@@ -229,13 +217,8 @@ def f_split(rank, n, port, backend):
     import torch
 
     dist = _init(rank, n, port, backend)
-    try:
-        sg = dist.split_group(split_ranks=[[2, 0], [1]], timeout=datetime.timedelta(seconds=7))
-    except RuntimeError as e:
-        assert backend == "tutti", e  # the ProcessGroup route has no per-device backend to split
-        dist.destroy_process_group()
-        return str(e)
-    be = _cpu_backend(sg)
+    sg = dist.split_group(split_ranks=[[2, 0], [1]], timeout=datetime.timedelta(seconds=7))
+    be = _cpu_backend(sg)  # a split is a c10d Backend under torch's ProcessGroup, from either route
     assert type(be).__name__ == "TuttiBackend" and be.comm.timeout == 7.0, (type(be), be.comm.timeout)
     members = [2, 0] if rank in (0, 2) else [1]
     assert sg.size() == len(members) and sg.rank() == members.index(rank), (sg.size(), sg.rank())
@@ -252,23 +235,18 @@ def f_split(rank, n, port, backend):
     dist.all_reduce(t)  # the world is unaffected
     assert t.item() == n
     dist.destroy_process_group()
-    return None
+    return True
 
 
 @pytest.mark.parametrize("backend", list(ROUTES))
 def test_split_group(backend):
-    out = check_all(spawn(3, f_split, backend, timeout=90), f"split_group on {backend!r}")
-    for msg in out:
-        if backend == "tutti":
-            assert msg and "does not support splitting" in msg, msg
-        else:
-            assert msg is None
+    check_all(spawn(3, f_split, backend, timeout=90), f"split_group on {backend!r}")
 
 
-def f_shrink(rank, n, port):
+def f_shrink(rank, n, port, backend):
     import torch
 
-    dist = _init(rank, n, port, "cpu:tutti")
+    dist = _init(rank, n, port, backend)
     t = torch.ones(2)
     dist.all_reduce(t)
     if rank == n - 1:
@@ -286,18 +264,19 @@ def f_shrink(rank, n, port):
     return "shrunk"
 
 
-def test_shrink_group():
-    out = check_all(spawn(3, f_shrink, timeout=90), "shrink_group")
+@pytest.mark.parametrize("backend", list(ROUTES))
+def test_shrink_group(backend):
+    out = check_all(spawn(3, f_shrink, backend, timeout=90), f"shrink_group on {backend!r}")
     assert out == ["shrunk", "shrunk", "excluded"], out
 
 
-def f_timeouts(rank, n, port):
+def f_timeouts(rank, n, port, backend):
     import datetime
 
     import torch
 
     # the world's timeout is longer than the test's: only the group's ends the wait
-    dist = _init(rank, n, port, "cpu:tutti", seconds=600)
+    dist = _init(rank, n, port, backend, seconds=600)
     g = dist.new_group(list(range(n)), timeout=datetime.timedelta(seconds=2))
     assert _cpu_backend(g).comm.timeout == 2.0
     err = None
@@ -311,6 +290,7 @@ def f_timeouts(rank, n, port):
     return err
 
 
-def test_group_timeout_honoured():
-    out = check_all(spawn(2, f_timeouts, timeout=90), "per-group timeout")
+@pytest.mark.parametrize("backend", list(ROUTES))
+def test_group_timeout_honoured(backend):
+    out = check_all(spawn(2, f_timeouts, backend, timeout=90), f"per-group timeout on {backend!r}")
     assert out[0] == "TimeoutError", out

@@ -52,17 +52,19 @@ class TuttiBackend(TorchOps, CoalescedOps, C10dBackend):
     """A c10d ``Backend`` for CPU tensors on a tutti communicator (see the module doc).
 
     ``TuttiBackend(store, rank, size, timeout)`` joins through torch's store, as the
-    ``ProcessGroup`` route does; ``comm=`` wraps a communicator made by a split or a shrink.
+    ``ProcessGroup`` route does; ``comm=`` wraps a communicator made by a split or a shrink
+    (``owner=False``: one that a :class:`tutti.torch.ProcessGroupTutti` owns and releases).
     """
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Any = None, *, comm: Any = None,
-                 options: Any = None):
+                 options: Any = None, owner: bool = True):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._options = options if options is not None else _options(timeout)
         self._comm = comm if comm is not None else join(store, rank, size, _seconds(self._options._timeout))
         self._call = self._comm._call
-        groups.add(self)
+        if owner:
+            groups.add(self)
 
     # ---- identity and capabilities (torch reads these) ----
     def getBackendName(self) -> str:

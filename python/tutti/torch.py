@@ -71,9 +71,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
-from ._torch_backend import BACKEND_NAME, TuttiBackend, _route_of_call, create_backend
+from ._torch_backend import BACKEND_NAME, TuttiBackend, _options, _route_of_call, create_backend
 from ._torch_barrier import monitored_barrier as _monitored_barrier
 from ._torch_coalesced import CoalescedOps
 from ._torch_ops import TorchOps, groups, join
@@ -96,6 +97,14 @@ class ProcessGroupTutti(TorchOps, CoalescedOps, dist.ProcessGroup):
         self._comm = join(store, rank, size, self._timeout)
         self._call = self._comm._call
         groups.add(self)
+        # Torch's own per-device questions (dist.monitored_barrier, split_group,
+        # shrink_group, the device of object collectives) go to a c10d backend
+        # registered for cpu: one on this same communicator. Torch calls this
+        # group's Python methods directly, so collectives do not pass through it.
+        self._backend = TuttiBackend(None, rank, size, comm=self._comm, options=_options(timeout),
+                                     owner=False)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, self._backend)
+        self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
 
     # ---- identity ----
     def getBackendName(self) -> str:
@@ -106,6 +115,7 @@ class ProcessGroupTutti(TorchOps, CoalescedOps, dist.ProcessGroup):
     # set", and so did ``dist.destroy_process_group(subgroup)``.
     def _set_group_name(self, name: str) -> None:
         self._name = name
+        super()._set_group_name(name)  # and on the registered backend
 
     @property
     def group_name(self) -> str:
@@ -122,14 +132,14 @@ class ProcessGroupTutti(TorchOps, CoalescedOps, dist.ProcessGroup):
         self._comm.abort()
 
     def _get_backend(self, device: Any) -> Any:
-        # torch asks a group for its per-device backend (batch_isend_irecv reads
-        # its `supports_coalescing`); this group is its own backend, registered
-        # for no device, where torch's lookup raises. Without coalescing, torch's
-        # batch_isend_irecv calls send/recv once per op, which post at once.
+        # torch asks a group for its per-device backend (batch_isend_irecv reads its
+        # `supports_coalescing`, shrink_group its `supports_shrinking`), sometimes for
+        # the machine's accelerator although the group is CPU only: the answer is
+        # the cpu backend (whose ops raise, naming the device, for other tensors).
         try:
             return super()._get_backend(device)
         except RuntimeError:
-            return self
+            return self._backend
 
     supports_coalescing = False
 
