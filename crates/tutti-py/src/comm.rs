@@ -96,8 +96,9 @@ pub(crate) struct PyComm {
     completer: Mutex<Option<Completer>>,
     /// Sends and receives complete in any order: they have their own completer.
     p2p_completer: Mutex<Option<P2pCompleter>>,
-    /// Deadline of each op unless the call names one.
-    timeout: Option<Duration>,
+    /// Deadline of each op unless the call names one (settable: torch's
+    /// `set_timeout` changes a group's).
+    timeout: RwLock<Option<Duration>>,
     rank: usize,
     size: usize,
 }
@@ -110,7 +111,7 @@ impl PyComm {
             inner: RwLock::new(Some(Arc::new(c))),
             completer: Mutex::new(None),
             p2p_completer: Mutex::new(None),
-            timeout,
+            timeout: RwLock::new(timeout),
         }
     }
 
@@ -120,6 +121,11 @@ impl PyComm {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
             .ok_or_else(|| PyRuntimeError::new_err("this tutti communicator has been destroyed"))
+    }
+
+    /// The default deadline of this communicator's ops.
+    fn default_timeout(&self) -> Option<Duration> {
+        *self.timeout.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Hands posted point-to-point ops to this communicator's point-to-point completer.
@@ -213,7 +219,16 @@ impl PyComm {
     /// The default op deadline in seconds (None: the core's, `TUTTI_TIMEOUT`).
     #[getter]
     fn timeout(&self) -> Option<f64> {
-        self.timeout.map(|d| d.as_secs_f64())
+        self.default_timeout().map(|d| d.as_secs_f64())
+    }
+
+    /// Sets the default op deadline in seconds (None: the core's); ops
+    /// already submitted keep theirs.
+    #[setter]
+    fn set_timeout(&self, secs: Option<f64>) -> PyResult<()> {
+        let t = duration(secs, "timeout")?;
+        *self.timeout.write().unwrap_or_else(|e| e.into_inner()) = t;
+        Ok(())
     }
 
     /// True once `destroy()` ran.
@@ -236,7 +251,7 @@ impl PyComm {
     fn split(&self, py: Python<'_>, color: Option<u32>, key: i64) -> PyResult<Option<PyComm>> {
         let c = self.get()?;
         let sub = py.detach(move || c.split(color, key)).py(py)?;
-        Ok(sub.map(|s| PyComm::wrap(s, self.timeout)))
+        Ok(sub.map(|s| PyComm::wrap(s, self.default_timeout())))
     }
 
     /// Collective over this communicator: a communicator of `ranks` (in
@@ -244,7 +259,16 @@ impl PyComm {
     fn new_group(&self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<Option<PyComm>> {
         let c = self.get()?;
         let sub = py.detach(move || c.new_group(&ranks)).py(py)?;
-        Ok(sub.map(|s| PyComm::wrap(s, self.timeout)))
+        Ok(sub.map(|s| PyComm::wrap(s, self.default_timeout())))
+    }
+
+    /// Collective over the survivors: a communicator of every rank not in
+    /// `dead` (renumbered in order, like `ncclCommShrink`). Every survivor
+    /// calls it with the same list; this communicator stays as it is.
+    fn shrink(&self, py: Python<'_>, dead: Vec<usize>) -> PyResult<PyComm> {
+        let c = self.get()?;
+        let sub = py.detach(move || c.shrink(&dead)).py(py)?;
+        Ok(PyComm::wrap(sub, self.default_timeout()))
     }
 
     /// Makes every waiting and later op fail with `tutti.AbortedError`. Any thread.
@@ -347,7 +371,7 @@ impl PyComm {
             ),
         };
         let opts = Options {
-            timeout: duration(timeout, "timeout")?.or(self.timeout),
+            timeout: duration(timeout, "timeout")?.or_else(|| self.default_timeout()),
             ..Options::default()
         };
         if !async_op {
@@ -429,7 +453,7 @@ impl PyComm {
             }
             Some(cb) => (0..raw.len()).map(|_| Some(cb.clone().unbind())).collect(),
         };
-        let t = duration(timeout, "timeout")?.or(self.timeout);
+        let t = duration(timeout, "timeout")?.or_else(|| self.default_timeout());
         if !async_op {
             let out = py.detach(move || {
                 // SAFETY: the caller guarantees the buffers for the duration
