@@ -4,6 +4,8 @@
     torchrun --nproc-per-node 4 ddp_torch.py
     tutti run -n 4 -- python ddp_torch.py
     python ddp_torch.py --spawn 4                 # torch.multiprocessing.spawn
+    MASTER_ADDR=$(hostname) MASTER_PORT=29500 srun -n 4 python ddp_torch.py   # Slurm
+    mpirun -n 4 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python ddp_torch.py
 
 It trains a small MLP and checks, after every step, that the parameters are identical on
 all ranks.
@@ -109,7 +111,7 @@ def main():
             port = s.getsockname()[1]
         torch.multiprocessing.spawn(worker, args=(a.spawn, port, a.steps), nprocs=a.spawn)
         return
-    dist.init_process_group(backend="tutti")  # env:// from torchrun or tutti run
+    dist.init_process_group(backend="tutti")  # env:// from torchrun, tutti run, srun, mpirun
     if a.time:
         timed(a)
     else:

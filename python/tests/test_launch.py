@@ -92,6 +92,32 @@ def test_ddp_with_only_tutti_variables():
         assert "DDP on backend tutti OK" in o
 
 
+@pytest.mark.parametrize("launcher", ["slurm", "openmpi"])
+def test_ddp_with_slurm_or_openmpi_variables(launcher):
+    """What srun (SLURM_PROCID/NTASKS/LOCALID) or mpirun (OMPI_COMM_WORLD_*) sets, plus the
+    MASTER_ADDR/PORT a job script exports: tutti.torch fills in torch's env://."""
+    pytest.importorskip("torch")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    names = {"slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+             "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")}[launcher]
+    procs = []
+    for r in range(2):
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+               and not k.startswith(("TUTTI_", "SLURM_", "OMPI_"))}
+        env.update({names[0]: str(r), names[1]: "2", names[2]: str(r), "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port)})
+        procs.append(subprocess.Popen([sys.executable, os.path.join(EXAMPLES, "ddp_torch.py"), "--steps", "3"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    for p, o in zip(procs, outs):
+        assert p.returncode == 0, o[-3000:]
+        assert "DDP on backend tutti OK" in o
+
+
 @pytest.mark.parametrize("stages", [2, 4])
 def test_pipeline_parallel_example(stages):
     pytest.importorskip("torch")

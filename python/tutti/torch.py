@@ -160,15 +160,26 @@ def _create(opts: Any, backend_options: Any = None) -> Any:
 
 
 def _adopt_tutti_env() -> None:
-    """Under ``tutti run`` (TUTTI_* set, torch's variables not), fill in torch's env://
-    variables so that ``dist.init_process_group(backend="tutti")`` works unchanged."""
-    pairs = (("RANK", "TUTTI_RANK"), ("WORLD_SIZE", "TUTTI_WORLD_SIZE"), ("LOCAL_RANK", "TUTTI_LOCAL_RANK"),
-             ("MASTER_ADDR", "TUTTI_MASTER_ADDR"), ("MASTER_PORT", "TUTTI_MASTER_PORT"))
-    if os.environ.get("TUTTI_RANK") and not os.environ.get("RANK"):
-        for torch_name, tutti_name in pairs:
-            v = os.environ.get(tutti_name)
-            if v and not os.environ.get(torch_name):
-                os.environ[torch_name] = v
+    """Under ``tutti run`` (TUTTI_* set), Slurm's ``srun`` (SLURM_*) or Open MPI's ``mpirun``
+    (OMPI_COMM_WORLD_*), with torch's own variables not set, fill in torch's env://
+    variables (the master from TUTTI_MASTER_ADDR/PORT, or MASTER_ADDR/PORT as set by the
+    job script) so that ``dist.init_process_group(backend="tutti")`` works unchanged."""
+    launchers = (
+        ("TUTTI_RANK", "TUTTI_WORLD_SIZE", "TUTTI_LOCAL_RANK"),
+        ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    )
+    if os.environ.get("RANK"):
+        return
+    for rank, size, local in launchers:
+        if os.environ.get(rank) and os.environ.get(size):
+            pairs = (("RANK", rank), ("WORLD_SIZE", size), ("LOCAL_RANK", local),
+                     ("MASTER_ADDR", "TUTTI_MASTER_ADDR"), ("MASTER_PORT", "TUTTI_MASTER_PORT"))
+            for torch_name, name in pairs:
+                v = os.environ.get(name)
+                if v and not os.environ.get(torch_name):
+                    os.environ[torch_name] = v
+            return
 
 
 def register() -> None:
