@@ -248,6 +248,7 @@ impl Plan {
             opts: Options {
                 algorithm: algo,
                 timeout,
+                wire: None,
             },
         })
     }
