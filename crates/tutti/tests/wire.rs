@@ -264,7 +264,7 @@ fn bad_input(c: &Communicator, _: &Ctx) {
         &["bf16 or f16"],
     );
     // A non-reducing collective.
-    let send = vec![1f32; 4];
+    let send = [1f32; 4];
     let mut recv = vec![0f32; 4 * c.size()];
     let raw = RawCall {
         coll: Collective::AllGather,
