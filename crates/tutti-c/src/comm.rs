@@ -96,6 +96,7 @@ fn opts_for(w: &Wanted) -> Options {
     Options {
         algorithm: None,
         timeout: w.timeout,
+        wire: None,
     }
 }
 

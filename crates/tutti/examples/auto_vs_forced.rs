@@ -79,6 +79,7 @@ fn bytes_env(k: &str, d: usize) -> usize {
 const SCAFFOLD: Options = Options {
     algorithm: Some(Algorithm::Direct),
     timeout: None,
+    wire: None,
 };
 
 /// Seconds per call of `iters` calls, the maximum over ranks.
@@ -188,6 +189,7 @@ fn main() -> tutti::Result<()> {
         opts.extend(algs.iter().map(|&a| Options {
             algorithm: Some(a),
             timeout: None,
+            wire: None,
         }));
         // Iterations: about `ms` of Auto, the same count for every algorithm.
         let t0 = time(&comm, &call, &opts[0], 5)?; // schedules, page faults

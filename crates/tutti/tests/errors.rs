@@ -202,6 +202,7 @@ fn bad_arguments(c: &Communicator, _: &Ctx) {
         let o = Options {
             algorithm: Some(a),
             timeout: None,
+            wire: None,
         };
         invalid(
             c.all_reduce_with(&mut [0f32; 3], ReduceOp::Sum, &o),
@@ -590,6 +591,7 @@ fn mismatch(c: &Communicator, _: &Ctx) {
     let o = Options {
         algorithm: None,
         timeout: Some(Duration::from_secs(30)),
+        wire: None,
     };
     let res = if c.rank() == 0 {
         c.all_reduce_with(&mut [1f32; 7], ReduceOp::Sum, &o)
@@ -611,6 +613,7 @@ fn count_mismatch(c: &Communicator, _: &Ctx) {
     let o = Options {
         algorithm: None,
         timeout: Some(Duration::from_secs(30)),
+        wire: None,
     };
     let len = 7 + c.rank();
     let res = c.all_reduce_with(&mut vec![1f32; len], ReduceOp::Sum, &o);
@@ -647,6 +650,7 @@ fn deadline(c: &Communicator, ctx: &Ctx) {
         let o = Options {
             algorithm: None,
             timeout: Some(Duration::from_millis(300)),
+            wire: None,
         };
         match c.all_reduce_with(&mut [1f64; 5], ReduceOp::Sum, &o) {
             Err(e @ Error::Timeout { .. }) => {
@@ -697,6 +701,7 @@ fn no_timeout(c: &Communicator, _: &Ctx) {
     let o = Options {
         algorithm: None,
         timeout: Some(Duration::MAX),
+        wire: None,
     };
     for count in [5, 300_000] {
         if c.rank() == 1 {

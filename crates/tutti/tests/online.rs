@@ -400,6 +400,7 @@ fn forced_calls_do_not_bring_reviews_sooner() {
         let forced = tutti::Options {
             algorithm: Some(Algorithm::Ring),
             timeout: None,
+            wire: None,
         };
         let mut auto = 0;
         while c.tuning_reviews(shape.0, shape.1, shape.2) == 0 {

@@ -283,7 +283,9 @@ impl<'a, T: Val> Bench<'a, T> {
             op,
             in_place,
             opts,
-            gen: Gen::new(kind, op, n, T::DTYPE),
+            // On a 16-bit wire, data exact in the wire type: the sums
+            // stay exact (f16's power-of-two scale is exact too).
+            gen: Gen::new(kind, op, n, opts.wire.unwrap_or(T::DTYPE)),
             send: vec![zero; s],
             recv: vec![zero; o],
         }
@@ -399,7 +401,7 @@ impl<'a, T: Val> Bench<'a, T> {
     pub(crate) fn wrong(&self) -> u64 {
         let (n, r, c, g) = (self.comm.size(), self.comm.rank(), self.count, self.gen);
         let int = !T::DTYPE.is_float();
-        let tol = tolerance(T::DTYPE, self.op, self.kind);
+        let tol = tolerance(self.opts.wire.unwrap_or(T::DTYPE), self.op, self.kind);
         let bad = |got: T, exp: f64| {
             let x = got.to_f64();
             let d = (x - exp).abs();

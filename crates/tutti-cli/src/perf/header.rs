@@ -92,7 +92,10 @@ pub(super) fn header(comm: &Communicator, a: &PerfArgs, plan: &Plan, info: &[Ran
         "# tutti perf {what}: {n} ranks on {} host(s), local size {}, dtype {}, op {}, root {}\n",
         topo.hosts.len(),
         comm.local_size(),
-        plan.dtype,
+        match plan.opts.wire {
+            Some(w) => format!("{} (reductions on a {w} wire)", plan.dtype),
+            None => plan.dtype.to_string(),
+        },
         plan.op,
         plan.root
     );

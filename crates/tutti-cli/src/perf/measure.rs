@@ -6,7 +6,7 @@
 use super::bench::{self, Bench, Val};
 use super::plan::Plan;
 use std::time::Instant;
-use tutti::{CollKind, Communicator, ReduceOp};
+use tutti::{CollKind, Communicator, Options, ReduceOp};
 
 /// One measurement.
 pub(super) struct Meas {
@@ -68,7 +68,12 @@ fn first_call<'c, T: Val>(
     count: usize,
     in_place: bool,
 ) -> tutti::Result<(Bench<'c, T>, f64)> {
-    let mut b = Bench::<T>::new(comm, kind, plan.root, count, plan.op, in_place, plan.opts);
+    // The wire applies to the reductions; the other collectives run plain.
+    let opts = Options {
+        wire: plan.opts.wire.filter(|_| bench::reduces(kind)),
+        ..plan.opts
+    };
+    let mut b = Bench::<T>::new(comm, kind, plan.root, count, plan.op, in_place, opts);
     b.fill();
     let first = all_max(comm, time_calls(&mut b, 1)?)?;
     Ok((b, first))

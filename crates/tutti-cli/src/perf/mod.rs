@@ -117,6 +117,16 @@ fn skip_reason(kind: CollKind, plan: &Plan, comm: &Communicator) -> Option<Strin
     if kind == CollKind::SendRecv && n < 2 {
         return Some("send_recv needs at least 2 ranks".into());
     }
+    if let Some(w) = plan.opts.wire.filter(|_| bench::reduces(kind)) {
+        if plan.dtype != tutti::DataType::F32
+            || !matches!(plan.op, tutti::ReduceOp::Sum | tutti::ReduceOp::Avg)
+        {
+            return Some(format!(
+                "a {w} wire needs f32 data and sum or avg, not {} {}",
+                plan.dtype, plan.op
+            ));
+        }
+    }
     if let Some(a) = plan.algo {
         let coll = match kind {
             CollKind::SendRecv => tutti::Collective::Send { peer: (r + 1) % n },
@@ -224,7 +234,10 @@ fn worker(a: &PerfArgs, plan: &Plan) -> Result<i32, String> {
                     busbw: algbw * bench::bus_factor(kind, n),
                     wrong: m.wrong,
                     in_place,
-                    dtype: plan.dtype.to_string(),
+                    dtype: match plan.opts.wire.filter(|_| bench::reduces(kind)) {
+                        Some(w) => format!("{}@{w}", plan.dtype),
+                        None => plan.dtype.to_string(),
+                    },
                     op: if bench::reduces(kind) {
                         plan.op.to_string()
                     } else {

@@ -75,6 +75,11 @@ pub(crate) struct PerfArgs {
         default_value = "auto"
     )]
     pub algo: String,
+    /// A 16-bit wire for the f32 reductions (all_reduce, reduce_scatter,
+    /// reduce; sum or avg): bf16 or f16. The data travels in that type and
+    /// every rank adds in f32; the other collectives run as they are.
+    #[arg(long, value_name = "bf16|f16")]
+    pub wire: Option<String>,
     /// Check results (1) or not (0).
     #[arg(short = 'c', long = "check", value_name = "0|1", default_value_t = 1)]
     pub check: u8,
@@ -205,6 +210,16 @@ impl Plan {
         } else {
             Some(a.algo.parse::<Algorithm>().map_err(|e| e.to_string())?)
         };
+        let wire = match &a.wire {
+            None => None,
+            Some(w) => {
+                let t: DataType = w.parse().map_err(|e: tutti::Error| e.to_string())?;
+                if !matches!(t, DataType::Bf16 | DataType::F16) {
+                    return Err(format!("--wire takes bf16 or f16, not {w}"));
+                }
+                Some(t)
+            }
+        };
         if a.check > 1 {
             return Err("-c takes 0 or 1".into());
         }
@@ -248,6 +263,7 @@ impl Plan {
             opts: Options {
                 algorithm: algo,
                 timeout,
+                wire,
             },
         })
     }

@@ -294,6 +294,7 @@ impl Sub<'_> {
             Buf::Input => &self.input,
             Buf::Output => &self.output,
             Buf::Scratch => &self.scratch,
+            Buf::Wire => unreachable!("levels are laid out before the wire lowering"),
         };
         match p {
             Place::At(at) => loc(at.buf, at.off + l.off),
@@ -327,6 +328,12 @@ impl Sub<'_> {
                 | Step::Copy { src, dst, .. }
                 | Step::Reduce { src, dst, .. } => vec![src, dst],
                 Step::Fence => vec![],
+                Step::Narrow { .. }
+                | Step::Widen { .. }
+                | Step::WidenReduce { .. }
+                | Step::Round { .. } => {
+                    unreachable!("levels are laid out before the wire lowering")
+                }
             };
             let mut cuts = vec![0, len];
             if self.unit > 0 {
@@ -389,6 +396,10 @@ impl Sub<'_> {
                         divisor,
                     },
                     Step::Fence => Step::Fence,
+                    Step::Narrow { .. }
+                    | Step::Widen { .. }
+                    | Step::WidenReduce { .. }
+                    | Step::Round { .. } => unreachable!("checked above"),
                 });
             }
         }

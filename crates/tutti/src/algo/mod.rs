@@ -44,6 +44,7 @@ mod step;
 mod tree;
 mod two_shot;
 pub mod verify;
+pub mod wire;
 
 #[cfg(test)]
 mod tests;
@@ -55,6 +56,7 @@ use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 pub use step::{Buf, Loc, Step};
+pub use wire::Wire;
 
 /// The algorithms tutti knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -309,10 +311,15 @@ impl Algorithm {
     /// algorithm does not implement that collective.
     ///
     /// The schedule is the algorithm's steps framed by what the collective
-    /// does to the data besides moving it ([`frame`]).
+    /// does to the data besides moving it ([`frame`]), and lowered to
+    /// [`Problem::wire`] where that is set ([`wire`]; `None` for a
+    /// collective that does not reduce).
     pub fn build(self, p: &Problem) -> Option<Schedule> {
+        if p.wire.is_some() && !p.coll.reduces() {
+            return None;
+        }
         let steps = frame::frame(p, self.steps(p)?);
-        Some(Schedule::new(p, steps))
+        Some(Schedule::new(p, wire::lower(p, steps)))
     }
 
     /// The algorithm's own steps for `p`, without the frame or dependencies

@@ -242,6 +242,11 @@ pub struct Problem {
     /// The host of every rank, when the ranks span several hosts (used by
     /// [`Algorithm::Hierarchical`](super::Algorithm::Hierarchical); the flat algorithms ignore it).
     pub hosts: Option<std::sync::Arc<[usize]>>,
+    /// The 16-bit type the data travels as, for a Sum (or Avg) reduction
+    /// of f32 ([`wire`](super::wire)): [`Algorithm::build`](super::Algorithm::build)
+    /// lowers the schedule to it. Only for the collectives that
+    /// [reduce](Collective::reduces).
+    pub wire: Option<super::Wire>,
 }
 
 impl Problem {
@@ -257,6 +262,7 @@ impl Problem {
             vcounts: None,
             chunks: 1,
             hosts: None,
+            wire: None,
         }
     }
 

@@ -1,8 +1,12 @@
 //! A rank's [`Schedule`]: its steps, and what the executor derives from
 //! them once (dependencies, read-back receives, reduction chains).
 
+<<<<<<< HEAD
 use super::{Buf, Loc, Problem, Step};
 use hazards::{dependencies, read_back};
+=======
+use super::{Buf, Loc, Problem, Step, Wire};
+>>>>>>> wire16
 use std::ops::Range;
 
 mod hazards;
@@ -27,18 +31,26 @@ pub struct Schedule {
     /// For each step, the length of the reduction chain it heads (0 where
     /// it heads none): see [`reduce_chain`](Schedule::reduce_chain).
     pub chains: Vec<u32>,
+    /// The 16-bit type the data travels as, for a lowered schedule
+    /// ([`wire`](super::wire)): its messages move [`Buf::Wire`] elements.
+    pub wire: Option<Wire>,
+    /// Wire-type staging elements ([`Buf::Wire`]) the executor must provide.
+    pub staging: usize,
 }
 
 impl Schedule {
     /// Wraps steps, computing the scratch size and the dependencies.
     pub fn new(p: &Problem, steps: Vec<Step>) -> Self {
-        let scratch = steps
-            .iter()
-            .flat_map(|s| s.reads().into_iter().chain(s.writes()))
-            .filter(|(b, _)| *b == Buf::Scratch)
-            .map(|(_, r)| r.end)
-            .max()
-            .unwrap_or(0);
+        let end = |buf: Buf| {
+            steps
+                .iter()
+                .flat_map(|s| s.reads().into_iter().chain(s.writes()))
+                .filter(|(b, _)| *b == buf)
+                .map(|(_, r)| r.end)
+                .max()
+                .unwrap_or(0)
+        };
+        let (scratch, staging) = (end(Buf::Scratch), end(Buf::Wire));
         let alias = p.input_in_output();
         let deps = dependencies(&steps, alias);
         let read_back = read_back(&steps, alias);
@@ -49,7 +61,21 @@ impl Schedule {
             scratch,
             read_back,
             chains,
+            wire: p.wire.filter(|_| p.coll.reduces()),
+            staging,
         }
+    }
+
+    /// Bytes of step `i`'s message or local pass with `elem`-byte data
+    /// elements: a message of wire elements moves `wire.size()` bytes per
+    /// element.
+    pub fn step_bytes(&self, i: usize, elem: usize) -> usize {
+        let st = &self.steps[i];
+        let wire = match (self.wire, st.message_loc()) {
+            (Some(w), Some(l)) if l.buf == Buf::Wire => w.size(),
+            _ => elem,
+        };
+        st.len() * wire
     }
 
     /// The reduction chain starting at step `i`, as a range of steps, if

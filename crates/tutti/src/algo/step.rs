@@ -12,6 +12,10 @@ pub enum Buf {
     Output,
     /// Temporary space the executor provides, [`Schedule::scratch`](super::Schedule::scratch) elements long.
     Scratch,
+    /// Staging for a 16-bit wire ([`wire`](super::wire)): elements of the
+    /// wire type, [`Schedule::staging`](super::Schedule::staging) long.
+    /// Only a lowered schedule uses it; its messages move only these.
+    Wire,
 }
 
 /// A place in a buffer, in elements.
@@ -42,6 +46,13 @@ impl Loc {
     pub const fn scratch(off: usize) -> Self {
         Loc {
             buf: Buf::Scratch,
+            off,
+        }
+    }
+    /// `Wire[off..]`.
+    pub const fn wire(off: usize) -> Self {
+        Loc {
+            buf: Buf::Wire,
             off,
         }
     }
@@ -132,6 +143,50 @@ pub enum Step {
         /// What they are divided by.
         divisor: usize,
     },
+    /// Narrows `len` data elements at `src` to the wire type, into `dst`
+    /// (in [`Buf::Wire`]): how a value leaves for the wire
+    /// ([`wire`](super::wire)).
+    Narrow {
+        /// The data elements.
+        src: Loc,
+        /// Where the wire elements go.
+        dst: Loc,
+        /// Elements.
+        len: usize,
+    },
+    /// Widens `len` wire elements at `src` (in [`Buf::Wire`]) into data
+    /// elements at `dst` (exact).
+    Widen {
+        /// The wire elements.
+        src: Loc,
+        /// Where the data elements go.
+        dst: Loc,
+        /// Elements.
+        len: usize,
+    },
+    /// `dst = src (op) widen(wire)`: a reducing receive's second half on a
+    /// 16-bit wire, reducing in the data type.
+    WidenReduce {
+        /// The local operand (data elements).
+        src: Loc,
+        /// The received operand (wire elements, in [`Buf::Wire`]).
+        wire: Loc,
+        /// Where the result goes (may equal `src`).
+        dst: Loc,
+        /// Elements.
+        len: usize,
+    },
+    /// `dst = widen(narrow(src))`, data elements to data elements (`dst`
+    /// may equal `src`): a rank rounds its own copy of a value it sent
+    /// narrowed, so that it holds what its peers received.
+    Round {
+        /// The data elements.
+        src: Loc,
+        /// Where the rounded elements go.
+        dst: Loc,
+        /// Elements.
+        len: usize,
+    },
     /// Orders everything: no later step starts before every earlier step is done.
     Fence,
 }
@@ -165,7 +220,11 @@ impl Step {
             | Step::RecvCopySend { len, .. }
             | Step::Copy { len, .. }
             | Step::Reduce { len, .. }
-            | Step::Scale { len, .. } => len,
+            | Step::Scale { len, .. }
+            | Step::Narrow { len, .. }
+            | Step::Widen { len, .. }
+            | Step::WidenReduce { len, .. }
+            | Step::Round { len, .. } => len,
             Step::Fence => 0,
         }
     }
@@ -179,7 +238,10 @@ impl Step {
     pub fn reduces(&self) -> bool {
         matches!(
             self,
-            Step::RecvReduce { .. } | Step::RecvReduceSend { .. } | Step::Reduce { .. }
+            Step::RecvReduce { .. }
+                | Step::RecvReduceSend { .. }
+                | Step::Reduce { .. }
+                | Step::WidenReduce { .. }
         )
     }
 
@@ -191,7 +253,11 @@ impl Step {
             Step::RecvReduce { src, len, .. } | Step::RecvReduceSend { src, len, .. } => {
                 vec![r(src, len)]
             }
-            Step::Copy { src, len, .. } => vec![r(src, len)],
+            Step::Copy { src, len, .. }
+            | Step::Narrow { src, len, .. }
+            | Step::Widen { src, len, .. }
+            | Step::Round { src, len, .. } => vec![r(src, len)],
+            Step::WidenReduce { src, wire, len, .. } => vec![r(src, len), r(wire, len)],
             Step::Reduce { src, dst, len } => vec![r(src, len), r(dst, len)],
             Step::Scale { dst, len, .. } => vec![r(dst, len)],
             _ => vec![],
@@ -207,8 +273,37 @@ impl Step {
             | Step::RecvCopySend { dst, .. }
             | Step::Copy { dst, .. }
             | Step::Reduce { dst, .. }
-            | Step::Scale { dst, .. } => Some(dst),
+            | Step::Scale { dst, .. }
+            | Step::Narrow { dst, .. }
+            | Step::Widen { dst, .. }
+            | Step::WidenReduce { dst, .. }
+            | Step::Round { dst, .. } => Some(dst),
             Step::Send { .. } | Step::Fence => None,
+        }
+    }
+
+    /// True for the local steps that convert between the data type and a
+    /// 16-bit wire type ([`wire`](super::wire)).
+    pub fn converts(&self) -> bool {
+        matches!(
+            self,
+            Step::Narrow { .. }
+                | Step::Widen { .. }
+                | Step::WidenReduce { .. }
+                | Step::Round { .. }
+        )
+    }
+
+    /// Where the step's message lies: the source of what it sends, else
+    /// the destination of what it receives (`None` for a local step).
+    pub fn message_loc(&self) -> Option<Loc> {
+        match *self {
+            Step::Send { src, .. } => Some(src),
+            Step::Recv { dst, .. }
+            | Step::RecvReduce { dst, .. }
+            | Step::RecvReduceSend { dst, .. }
+            | Step::RecvCopySend { dst, .. } => Some(dst),
+            _ => None,
         }
     }
 

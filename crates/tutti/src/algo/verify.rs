@@ -21,6 +21,16 @@
 //! which it was reduced (`a op b` and `b op a` differ, as may their bits
 //! for max/min of signed zeros or NaNs). AllReduce results must have the same
 //! fingerprint on every rank: every rank gets bitwise the same floats.
+//!
+//! A schedule lowered to a 16-bit wire ([`super::wire`]) keeps two kinds
+//! of element apart: data elements (Input, Output, Scratch) and wire
+//! elements (in [`Buf::Wire`], made only by [`Step::Narrow`]). Its
+//! messages move only wire elements, so every value crosses each hop
+//! narrowed, and it reduces only data elements (a received one after
+//! [`Step::Widen`] or inside [`Step::WidenReduce`]). A narrowing (or
+//! [`Step::Round`]) changes the fingerprint unless the value is already
+//! rounded (rounding is idempotent), so the AllReduce check above also
+//! proves that every rank rounded alike.
 
 use super::{Algorithm, Buf, Collective, Loc, Problem, Schedule, Step};
 use std::collections::VecDeque;
@@ -71,6 +81,11 @@ pub struct Cell {
     /// Divided by the rank count ([`Step::Scale`]): the mean of what `sym`
     /// sums, which may not be reduced further.
     pub mean: bool,
+    /// A wire element ([`Buf::Wire`]), not a data element.
+    pub wire: bool,
+    /// Exactly representable in the wire type (narrowed, widened or
+    /// rounded since its last arithmetic): narrowing it changes nothing.
+    pub rounded: bool,
 }
 
 impl Cell {
@@ -83,14 +98,56 @@ impl Cell {
             },
             shape: mix(rank as u64 + 1),
             mean: false,
+            wire: false,
+            rounded: false,
         }
+    }
+
+    /// `self` narrowed to the wire type (`wire`: as a wire element, else
+    /// widened back: rounded), or why it may not be.
+    pub fn narrowed(&self, wire: bool) -> Result<Cell, String> {
+        if self.wire {
+            return Err(format!(
+                "narrows element {}, which is already a wire element",
+                self.sym.idx
+            ));
+        }
+        Ok(Cell {
+            shape: if self.rounded {
+                self.shape
+            } else {
+                mix(self.shape ^ 0x0b16)
+            },
+            wire,
+            rounded: true,
+            ..*self
+        })
+    }
+
+    /// `self`, a wire element, widened to a data element.
+    pub fn widened(&self) -> Result<Cell, String> {
+        if !self.wire {
+            return Err(format!(
+                "widens element {}, which is not a wire element",
+                self.sym.idx
+            ));
+        }
+        Ok(Cell {
+            wire: false,
+            ..*self
+        })
     }
 
     /// `self (op) other`, `self` the local operand, or why the two may not
     /// be reduced.
     pub fn combine(&self, other: &Cell) -> Result<Cell, String> {
         let (x, y) = (&self.sym, &other.sym);
-        if self.mean || other.mean {
+        if self.wire || other.wire {
+            Err(format!(
+                "reduces element {} as a wire element: a 16-bit wire reduces in the data type",
+                x.idx
+            ))
+        } else if self.mean || other.mean {
             Err(format!(
                 "reduces element {} after it was divided by the rank count",
                 x.idx
@@ -111,6 +168,8 @@ impl Cell {
                 },
                 shape: mix(self.shape.rotate_left(23) ^ mix(other.shape)),
                 mean: false,
+                wire: false,
+                rounded: false,
             })
         }
     }
@@ -123,6 +182,7 @@ impl Cell {
         Ok(Cell {
             shape: mix(self.shape ^ 0x5ca1e),
             mean: true,
+            rounded: false,
             ..*self
         })
     }
@@ -148,6 +208,8 @@ struct RankState {
     input_len: usize,
     output: Mem,
     scratch: Mem,
+    /// The wire staging ([`Buf::Wire`]).
+    wire: Mem,
     /// Where Input lies in Output when in place ([`Problem::input_in_output`]).
     alias: Option<usize>,
     done: Vec<bool>,
@@ -171,6 +233,10 @@ impl RankState {
             (Buf::Scratch, _) => {
                 let n = self.scratch.len();
                 (&mut self.scratch, 0, n)
+            }
+            (Buf::Wire, _) => {
+                let n = self.wire.len();
+                (&mut self.wire, 0, n)
             }
         }
     }
@@ -212,6 +278,14 @@ impl RankState {
                 "rank {rank} step {i}: writes Input[{}..{}], the caller's read-only send buffer",
                 l.off,
                 l.off + data.len()
+            )));
+        }
+        if let Some(k) = data.iter().position(|d| d.wire != (l.buf == Buf::Wire)) {
+            return Err(VerifyError(format!(
+                "rank {rank} step {i}: writes {} element to {:?}[{}]",
+                if data[k].wire { "a wire" } else { "a data" },
+                l.buf,
+                l.off + k
             )));
         }
         let (m, base, size) = self.mem(l.buf);
@@ -393,8 +467,28 @@ pub fn run_outputs(
             }
         }
         let k = sched.steps.len();
+        for (i, s) in sched.steps.iter().enumerate() {
+            let wire_msg = s.message_loc().map(|l| l.buf == Buf::Wire);
+            let bad = match (sched.wire, s) {
+                (None, _) => s.converts() || wire_msg == Some(true),
+                (Some(_), Step::RecvReduce { .. } | Step::RecvReduceSend { .. }) => true,
+                (Some(_), _) => wire_msg == Some(false),
+            };
+            if bad {
+                return Err(VerifyError(format!(
+                    "rank {} step {i} ({s:?}): {}",
+                    p.rank,
+                    if sched.wire.is_some() {
+                        "a schedule on a 16-bit wire sends and receives only wire elements, and reduces after it widens"
+                    } else {
+                        "a schedule without a wire type neither converts nor stages wire elements"
+                    }
+                )));
+            }
+        }
         st.push(RankState {
             scratch: vec![None; sched.scratch],
+            wire: vec![None; sched.staging],
             sched,
             input,
             input_len,
@@ -446,6 +540,41 @@ pub fn run_outputs(
                                 ))
                             })?;
                         }
+                        sr.write(r, i, dst, &d)?;
+                    }
+                    Step::Narrow { src, dst, len } | Step::Round { src, dst, len } => {
+                        let to_wire = matches!(step, Step::Narrow { .. });
+                        let d = sr
+                            .read(r, i, src, len)?
+                            .iter()
+                            .map(|c| c.narrowed(to_wire))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(|e| VerifyError(format!("rank {r} step {i}: {e}")))?;
+                        sr.write(r, i, dst, &d)?;
+                    }
+                    Step::Widen { src, dst, len } => {
+                        let d = sr
+                            .read(r, i, src, len)?
+                            .iter()
+                            .map(Cell::widened)
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(|e| VerifyError(format!("rank {r} step {i}: {e}")))?;
+                        sr.write(r, i, dst, &d)?;
+                    }
+                    Step::WidenReduce {
+                        src,
+                        wire,
+                        dst,
+                        len,
+                    } => {
+                        let a = sr.read(r, i, src, len)?;
+                        let b = sr
+                            .read(r, i, wire, len)?
+                            .iter()
+                            .map(Cell::widened)
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(|e| VerifyError(format!("rank {r} step {i}: {e}")))?;
+                        let d = combine(r, i, &a, &b)?;
                         sr.write(r, i, dst, &d)?;
                     }
                     Step::Fence => {}

@@ -145,6 +145,7 @@ fn measure_mailbox(comm: &Communicator) -> Result<Option<(f64, f64, f64)>> {
     let direct = Options {
         algorithm: Some(Algorithm::Direct),
         timeout: None,
+        wire: None,
     };
     let n = comm.size();
     let part = MBOX_BYTES;
@@ -206,6 +207,7 @@ fn measure(comm: &Communicator, peer: usize) -> Result<Option<LinkCost>> {
         let direct = Options {
             algorithm: Some(Algorithm::Direct),
             timeout: None,
+            wire: None,
         };
         let xfer = |buf: &mut [u8], send: bool| -> Result<()> {
             let (n, sum) = (buf.len(), ReduceOp::Sum);

@@ -35,9 +35,9 @@ pub struct FusionOptions {
     /// one would overflow the bucket; a tensor at least this long is
     /// reduced alone, in place.
     pub bucket_bytes: usize,
-    /// Options of every bucket's AllReduce (algorithm, timeout). The
-    /// asynchronous form uses the communicator's defaults instead, as
-    /// every `*_async` call does.
+    /// Options of every bucket's AllReduce (algorithm, timeout, a 16-bit
+    /// wire for f32 tensors: [`Options::wire`], see
+    /// [`wire`](FusionOptions::wire)), in both forms.
     pub call: Options,
 }
 
@@ -59,6 +59,18 @@ impl FusionOptions {
     /// ```
     pub fn bucket_bytes(mut self, bytes: usize) -> Self {
         self.bucket_bytes = bytes;
+        self
+    }
+
+    /// These options with every bucket's AllReduce on the 16-bit wire
+    /// `wire` (bf16 or f16; f32 tensors, Sum or Avg: [`Options::wire`]).
+    ///
+    /// ```
+    /// let o = tutti::FusionOptions::default().wire(tutti::DataType::Bf16);
+    /// assert_eq!(o.call.wire, Some(tutti::DataType::Bf16));
+    /// ```
+    pub fn wire(mut self, wire: crate::reduce::DataType) -> Self {
+        self.call.wire = Some(wire);
         self
     }
 
@@ -213,10 +225,12 @@ impl Communicator {
             .into_iter()
             .map(|bucket| {
                 let work = match &bucket {
-                    Bucket::Alone(i) => self.all_reduce_async(std::mem::take(&mut bufs[*i]), op),
+                    Bucket::Alone(i) => {
+                        self.all_reduce_async_with(std::mem::take(&mut bufs[*i]), op, &opts.call)
+                    }
                     Bucket::Packed(r) => {
                         let staging = bufs[r.clone()].concat();
-                        self.all_reduce_async(staging, op)
+                        self.all_reduce_async_with(staging, op, &opts.call)
                     }
                 };
                 (bucket, work)

@@ -14,9 +14,9 @@
 //! buckets, so no peer is left waiting, and the summed flag tells every
 //! rank the step's gradients are not an average.
 
-use super::{Communicator, Work};
+use super::{Communicator, Options, Work};
 use crate::error::{Error, Result};
-use crate::reduce::ReduceOp;
+use crate::reduce::{DataType, ReduceOp};
 
 /// The data-parallel gradient reducer: register the gradients in the order
 /// the model defines them (the backward pass produces them in reverse);
@@ -73,6 +73,8 @@ pub struct GradSync<'c> {
     comm: &'c Communicator,
     bucket_bytes: usize,
     every: usize,
+    /// Every bucket's AllReduce options (the 16-bit wire).
+    call: Options,
     names: Vec<String>,
     lens: Vec<usize>,
     /// Laid out at first use; registration is closed from then on.
@@ -119,6 +121,7 @@ impl<'c> GradSync<'c> {
             comm,
             bucket_bytes: super::fusion::DEFAULT_BUCKET_BYTES,
             every: 1,
+            call: Options::default(),
             names: Vec::new(),
             lens: Vec::new(),
             layout: None,
@@ -137,6 +140,21 @@ impl<'c> GradSync<'c> {
     /// ```
     pub fn bucket_bytes(mut self, bytes: usize) -> Self {
         self.bucket_bytes = bytes;
+        self
+    }
+
+    /// This reducer with every bucket's AllReduce on the 16-bit wire
+    /// `wire` (bf16 or f16, [`Options::wire`]): half the bytes, each rank
+    /// still adding in f32. Checked at the first bucket's AllReduce, where
+    /// a type other than bf16 or f16 makes `wait` an error.
+    ///
+    /// ```
+    /// # let comms = tutti::Communicator::init_all(1)?;
+    /// let gs = tutti::GradSync::new(&comms[0]).wire(tutti::DataType::Bf16);
+    /// # Ok::<(), tutti::Error>(())
+    /// ```
+    pub fn wire(mut self, wire: DataType) -> Self {
+        self.call.wire = Some(wire);
         self
     }
 
@@ -408,7 +426,7 @@ impl<'c> GradSync<'c> {
         let l = self.layout.as_mut().expect("laid out");
         l.buckets[k].pending -= 1;
         if syncs {
-            l.start_ready(comm, false);
+            l.start_ready(comm, false, &self.call);
         }
         Ok(())
     }
@@ -518,7 +536,7 @@ impl<'c> GradSync<'c> {
         let l = self.layout.as_mut().expect("laid out");
         if syncs {
             // Issue what is left (all of it if this step is invalid here).
-            l.start_ready(comm, local.is_some());
+            l.start_ready(comm, local.is_some(), &self.call);
         }
         l.next = 0;
         for b in &mut l.buckets {
@@ -597,7 +615,7 @@ impl<'c> GradSync<'c> {
 impl Layout {
     /// Starts, in bucket order, every bucket from `next` whose gradients
     /// are all ready (every remaining one if `force`, flagged invalid).
-    fn start_ready(&mut self, comm: &Communicator, force: bool) {
+    fn start_ready(&mut self, comm: &Communicator, force: bool, call: &Options) {
         while let Some(b) = self.buckets.get_mut(self.next) {
             if b.pending > 0 && !force {
                 break;
@@ -605,7 +623,7 @@ impl Layout {
             let mut d = b.data.take().expect("a bucket starts once per step");
             let n = d.len();
             d[n - 1] = if force && b.pending > 0 { 1.0 } else { 0.0 };
-            b.work = Some(comm.all_reduce_async(d, ReduceOp::Sum));
+            b.work = Some(comm.all_reduce_async_with(d, ReduceOp::Sum, call));
             self.next += 1;
         }
     }

@@ -125,8 +125,12 @@ impl Communicator {
     }
 
     fn issue<B>(&self, c: RawCall, bufs: B) -> Work<B> {
+        self.issue_with(c, bufs, &Options::default())
+    }
+
+    fn issue_with<B>(&self, c: RawCall, bufs: B, opts: &Options) -> Work<B> {
         let done = Arc::new(Completion::default());
-        match self.engine.check(&c, &Options::default()) {
+        match self.engine.check(&c, opts) {
             Ok(op) => self.engine.submit(op, done.clone()),
             Err(e) => done.complete(Err(e)),
         }
@@ -142,7 +146,25 @@ impl Communicator {
         self.all_reduce_with(buf, op, &Options::default())
     }
 
-    /// [`all_reduce`](Communicator::all_reduce) with per-call options (algorithm, timeout).
+    /// [`all_reduce`](Communicator::all_reduce) with per-call options
+    /// (algorithm, timeout, a 16-bit wire for f32: [`Options::wire`]).
+    ///
+    /// ```
+    /// use tutti::{Communicator, DataType, Options, ReduceOp};
+    ///
+    /// let comms = Communicator::init_all(2)?;
+    /// std::thread::scope(|s| {
+    ///     for c in &comms {
+    ///         s.spawn(move || {
+    ///             let mut g = vec![0.5f32 + c.rank() as f32; 1000];
+    ///             let bf16 = Options::default().wire(DataType::Bf16);
+    ///             c.all_reduce_with(&mut g, ReduceOp::Sum, &bf16).unwrap();
+    ///             assert!(g.iter().all(|&x| x == 2.0)); // 0.5 + 1.5, exact in bf16
+    ///         });
+    ///     }
+    /// });
+    /// # Ok::<(), tutti::Error>(())
+    /// ```
     pub fn all_reduce_with<T: Element>(
         &self,
         buf: &mut [T],
@@ -167,9 +189,20 @@ impl Communicator {
     }
 
     /// Asynchronous in-place AllReduce; `wait()` returns the vector with the result.
-    pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
+    pub fn all_reduce_async<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
+        self.all_reduce_async_with(buf, op, &Options::default())
+    }
+
+    /// [`all_reduce_async`](Communicator::all_reduce_async) with per-call
+    /// options (the timeout, an algorithm, [`Options::wire`]).
+    pub fn all_reduce_async_with<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+        opts: &Options,
+    ) -> Work<Vec<T>> {
         let c = in_place(Collective::AllReduce, op, &mut buf);
-        self.issue(c, buf)
+        self.issue_with(c, buf, opts)
     }
 
     // ---- Broadcast ----
@@ -197,10 +230,23 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
+        self.reduce_with(send, recv, op, root, &Options::default())
+    }
+
+    /// [`reduce`](Communicator::reduce) with per-call options
+    /// ([`Options::wire`] among them).
+    pub fn reduce_with<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+        opts: &Options,
+    ) -> Result<()> {
         let recv = if self.rank() == root { recv } else { &mut [] };
         self.blocking(
             call(Collective::Reduce { root }, op, send.len(), send, recv),
-            &Options::default(),
+            opts,
         )
     }
 
@@ -260,9 +306,21 @@ impl Communicator {
         recv: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
+        self.reduce_scatter_with(send, recv, op, &Options::default())
+    }
+
+    /// [`reduce_scatter`](Communicator::reduce_scatter) with per-call
+    /// options ([`Options::wire`] among them).
+    pub fn reduce_scatter_with<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        opts: &Options,
+    ) -> Result<()> {
         self.blocking(
             call(Collective::ReduceScatter, op, recv.len(), send, recv),
-            &Options::default(),
+            opts,
         )
     }
 

@@ -6,7 +6,7 @@
 //! directly.
 
 use super::{Engine, OpCall};
-use crate::algo::{verify::buffer_sizes, Algorithm, Collective, Problem, VCounts};
+use crate::algo::{verify::buffer_sizes, Algorithm, Collective, Problem, VCounts, Wire};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
 use std::time::Duration;
@@ -18,6 +18,38 @@ pub struct Options {
     pub algorithm: Option<Algorithm>,
     /// Deadline for this call (`None`: the communicator's, `TUTTI_TIMEOUT`).
     pub timeout: Option<Duration>,
+    /// A 16-bit wire: `Some(DataType::Bf16)` or `Some(DataType::F16)` makes
+    /// an f32 Sum or Avg reduction (AllReduce, ReduceScatter, Reduce) move
+    /// its data in that type, half the bytes, while every rank reduces in
+    /// f32 ([`crate::algo::wire`]; accuracy and f16's scaling in
+    /// `docs/training.md`). Every rank must pass the same. Anything else
+    /// (another type, an integer or f64 call, another op or collective) is
+    /// [`Error::InvalidArgument`].
+    pub wire: Option<DataType>,
+}
+
+impl Options {
+    /// These options with the 16-bit wire `wire` (see [`Options::wire`]).
+    ///
+    /// ```
+    /// let o = tutti::Options::default().wire(tutti::DataType::Bf16);
+    /// assert_eq!(o.wire, Some(tutti::DataType::Bf16));
+    /// ```
+    pub fn wire(self, wire: DataType) -> Self {
+        Options {
+            wire: Some(wire),
+            ..self
+        }
+    }
+}
+
+/// The wire type of a checked call's `wire` option.
+pub(crate) fn wire_of(w: Option<DataType>) -> Option<Wire> {
+    match w? {
+        DataType::Bf16 => Some(Wire::Bf16),
+        DataType::F16 => Some(Wire::F16),
+        _ => None,
+    }
 }
 
 /// An untyped collective call: buffers as raw bytes plus a [`DataType`].
@@ -87,6 +119,9 @@ impl Engine {
                 )));
             }
         }
+        if let Some(w) = opts.wire {
+            check_wire(c, w)?;
+        }
         let esz = c.dtype.size();
         if c.count
             .checked_mul(esz)
@@ -151,6 +186,7 @@ impl Engine {
             vcounts: c.vcounts.clone(),
             chunks: 1,
             hosts: None,
+            wire: None,
         };
         let (mut ie, oe) = buffer_sizes(&p);
         // Broadcast sends the root's `recv`. A root may pass its data in a
@@ -229,9 +265,30 @@ impl Engine {
             output_len: ob,
             algorithm: opts.algorithm,
             timeout: opts.timeout,
+            wire: wire_of(opts.wire),
             background: false,
         })
     }
+}
+
+/// The rules of the `wire` option ([`Options::wire`]).
+fn check_wire(c: &RawCall, w: DataType) -> Result<()> {
+    let name = c.coll.kind().name();
+    let why = if !matches!(w, DataType::Bf16 | DataType::F16) {
+        format!("the wire type must be bf16 or f16, not {w}")
+    } else if !c.coll.reduces() {
+        "a wire type applies only to all_reduce, reduce_scatter and reduce".into()
+    } else if c.dtype != DataType::F32 {
+        format!(
+            "a {w} wire carries f32 data, and this tensor is {}",
+            c.dtype
+        )
+    } else if !matches!(c.op, ReduceOp::Sum | ReduceOp::Avg) {
+        format!("a {w} wire reduces with sum or avg, not {}", c.op)
+    } else {
+        return Ok(());
+    };
+    Err(Error::arg(format!("{name} with wire={w}: {why}")))
 }
 
 fn hint(c: Collective, n: usize) -> String {

@@ -29,6 +29,9 @@ pub(crate) struct Buffers {
     pub output_len: usize,
     pub scratch: *mut u8,
     pub scratch_len: usize,
+    /// The wire staging ([`Buf::Wire`]), 2-byte elements.
+    pub wire: *mut u8,
+    pub wire_len: usize,
 }
 
 impl Buffers {
@@ -61,6 +64,9 @@ pub(crate) struct Env<'a> {
     /// The communicator's mailboxes, if it has them (to notice a peer that
     /// runs this op in one shot while this rank runs it over the rings).
     pub mailbox: Option<&'a Mailbox>,
+    /// A lowered schedule's wire type and f16 scale shift
+    /// ([`crate::algo::wire`]).
+    pub wire: Option<(reduce::DataType, u32)>,
 }
 
 #[derive(Default)]
@@ -144,11 +150,14 @@ struct Local {
 // used only while it runs, on its thread (above).
 unsafe impl Send for Local {}
 
-fn resolve(b: &Buffers, l: Loc, len: usize, esz: usize) -> Result<*mut u8> {
-    let (base, blen) = match l.buf {
-        Buf::Input => (b.input, b.input_len),
-        Buf::Output => (b.output, b.output_len),
-        Buf::Scratch => (b.scratch, b.scratch_len),
+/// `len` elements at `l`: data elements of `esz` bytes, or 2-byte wire
+/// elements in [`Buf::Wire`].
+pub(super) fn resolve(b: &Buffers, l: Loc, len: usize, esz: usize) -> Result<*mut u8> {
+    let (base, blen, esz) = match l.buf {
+        Buf::Input => (b.input, b.input_len, esz),
+        Buf::Output => (b.output, b.output_len, esz),
+        Buf::Scratch => (b.scratch, b.scratch_len, esz),
+        Buf::Wire => (b.wire, b.wire_len, 2),
     };
     let (start, end) = (l.off * esz, (l.off + len) * esz);
     if end > blen {
@@ -377,15 +386,22 @@ fn start_ready(
                 st.done = true;
             }
             Step::Fence => st.done = true,
+            c @ (Step::Narrow { .. }
+            | Step::Widen { .. }
+            | Step::WidenReduce { .. }
+            | Step::Round { .. }) => {
+                super::convert::run(&c, b, esz, env.wire)?;
+                st.done = true;
+            }
             Step::Send { src, len, .. } => {
-                let p = resolve(b, src, len, esz)?;
-                st.send = Some(SendMsg::new(p, len * esz, len * esz));
+                let (p, nb) = (resolve(b, src, len, esz)?, sched.step_bytes(i, esz));
+                st.send = Some(SendMsg::new(p, nb, nb));
             }
             Step::Recv { dst, len, .. } => {
-                let mut m = RecvMsg::new(resolve(b, dst, len, esz)?, None, len * esz);
+                let nb = sched.step_bytes(i, esz);
+                let mut m = RecvMsg::new(resolve(b, dst, len, esz)?, None, nb);
                 // Bytes this rank sends or reduces again stay in the cache.
-                m.stream =
-                    !sched.read_back[i] && reduce::copy::stream_received(len * esz, b.footprint());
+                m.stream = !sched.read_back[i] && reduce::copy::stream_received(nb, b.footprint());
                 st.recv = Some(m);
             }
             Step::RecvReduce { src, dst, len, .. } => {
@@ -399,13 +415,13 @@ fn start_ready(
                 st.send = Some(SendMsg::new(d, len * esz, 0));
             }
             Step::RecvCopySend { dst, len, .. } => {
-                let d = resolve(b, dst, len, esz)?;
-                let mut m = RecvMsg::new(d, None, len * esz);
+                let (d, nb) = (resolve(b, dst, len, esz)?, sched.step_bytes(i, esz));
+                let mut m = RecvMsg::new(d, None, nb);
                 // The forward reads these bytes back as they land: keep
                 // them in the cache.
                 m.stream = false;
                 st.recv = Some(m);
-                st.send = Some(SendMsg::new(d, len * esz, 0));
+                st.send = Some(SendMsg::new(d, nb, 0));
             }
         }
         if st.done {

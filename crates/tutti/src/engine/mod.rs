@@ -15,6 +15,7 @@
 //! `recorder` is the flight recorder.
 
 mod call;
+mod convert;
 pub(crate) mod executor;
 pub(crate) mod oneshot;
 mod online;
@@ -62,6 +63,8 @@ pub(crate) struct OpCall {
     pub output_len: usize,
     pub algorithm: Option<Algorithm>,
     pub timeout: Option<Duration>,
+    /// The 16-bit wire type (checked: an f32 Sum or Avg reduction).
+    pub wire: Option<crate::algo::Wire>,
     /// Run by the progress thread while the caller computes: poll briefly
     /// before sleeping, so as not to take the CPU from the computation.
     pub background: bool,
@@ -368,6 +371,7 @@ impl Core {
             vcounts: c.vcounts.clone(),
             chunks: 1,
             hosts: self.tune.hosts(),
+            wire: c.wire,
         };
         // Training loops repeat the same call: remember the last plan, a
         // decision or a trial's candidate (until its block ends: then
@@ -426,6 +430,7 @@ impl Core {
         // read costs 20-40 ns here, a fifth of a small call).
         let start = (plan.watch.is_some() || trial.is_some()).then(Instant::now);
         if alg == Algorithm::Direct
+            && c.wire.is_none()
             && self.mailbox.is_some()
             && c.vcounts.is_none()
             && oneshot::fits(c.coll, n, bytes)

@@ -398,6 +398,7 @@ impl Core {
             output_len: bytes,
             algorithm: Some(alg.algorithm),
             timeout: None,
+            wire: None,
             background: false,
         };
         self.run_inner(&call, abort, false)

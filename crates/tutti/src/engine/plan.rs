@@ -5,7 +5,7 @@
 use super::executor::{self, Buffers, Env};
 use super::online::Watched;
 use super::{Core, OpCall};
-use crate::algo::{Algorithm, Collective, Problem, Schedule};
+use crate::algo::{Algorithm, Collective, Problem, Schedule, Wire};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
 use crate::transport::shm::Doorbell;
@@ -88,18 +88,26 @@ impl Core {
     ) -> Result<()> {
         let sched = &*plan.sched;
         let esz = c.dtype.size();
-        let need = sched.scratch * esz;
-        if self.scratch.len() < need {
-            self.scratch.resize(need, 0);
+        // The wire staging follows the scratch in the same allocation.
+        let (scratch_len, wire_len) = (sched.scratch * esz, sched.staging * 2);
+        if self.scratch.len() < scratch_len + wire_len {
+            self.scratch.resize(scratch_len + wire_len, 0);
         }
+        let base = self.scratch.as_mut_ptr();
         let bufs = Buffers {
             input: c.input,
             input_len: c.input_len,
             output: c.output,
             output_len: c.output_len,
-            scratch: self.scratch.as_mut_ptr(),
-            scratch_len: self.scratch.len(),
+            scratch: base,
+            scratch_len,
+            // SAFETY: scratch_len <= the allocation's length (above).
+            wire: unsafe { base.add(scratch_len) },
+            wire_len,
         };
+        let wire = sched
+            .wire
+            .map(|w| (wire_type(w), w.scale_shift(self.nranks)));
         let timeout = c.timeout.unwrap_or(self.config.timeout);
         let op = if reduces(c.coll) {
             c.op.step_op()
@@ -144,11 +152,20 @@ impl Core {
                 peer_pids: &self.peer_pids,
                 spin,
                 mailbox: self.mailbox.as_ref(),
+                wire,
             };
             executor::execute(sched, &bufs, &mut env, &mut self.pad)
         };
         self.bounce = cx.bounce;
         r
+    }
+}
+
+/// The element type of wire type `w`.
+pub(super) fn wire_type(w: Wire) -> DataType {
+    match w {
+        Wire::Bf16 => DataType::Bf16,
+        Wire::F16 => DataType::F16,
     }
 }
 

@@ -61,7 +61,8 @@ impl Repeat {
             && c.vcounts.is_none()
             && in_place == self.in_place
             && opts.algorithm == self.algorithm
-            && opts.timeout == self.timeout;
+            && opts.timeout == self.timeout
+            && opts.wire.is_none();
         // The check's overlap rule: input and output bytes are the
         // checked lengths (input_len is 0 exactly where no input is read).
         let overlap = !in_place
@@ -83,6 +84,7 @@ impl Repeat {
             output_len: self.output_len,
             algorithm: opts.algorithm,
             timeout: opts.timeout,
+            wire: None,
             background: false,
         })
     }

@@ -8,6 +8,7 @@
 
 pub mod copy;
 mod kernels;
+pub mod wire;
 
 pub use kernels::{kernel, reduce, scale_avg, Kernel};
 

@@ -127,8 +127,9 @@ impl CostModel {
         }
     }
 
-    /// Time of local step `st` (a copy, a reduction or an Avg's division)
-    /// of `bytes`, in microseconds; 0 for other steps.
+    /// Time of local step `st` (a copy, a reduction, an Avg's division or
+    /// a 16-bit wire's conversion) of `bytes`, in microseconds; 0 for
+    /// other steps.
     ///
     /// Up to [`CACHED_STEP_BYTES`] a local step works in cache, at the rates
     /// the mailboxes measured (`mailbox_gbps`, `mailbox_reduce_gbps`: small
@@ -145,8 +146,17 @@ impl CostModel {
                 self.copy_gbps.max(self.mailbox_gbps)
             }
             Step::Copy { .. } | Step::Scale { .. } => self.copy_gbps,
-            Step::Reduce { .. } if cached => self.reduce_gbps.max(self.mailbox_reduce_gbps),
-            Step::Reduce { .. } => self.reduce_gbps,
+            // A 16-bit wire's conversions (their data-type bytes): a
+            // narrowing, widening or rounding is a pass like a copy, a
+            // widening reduction one like a reduction.
+            Step::Narrow { .. } | Step::Widen { .. } | Step::Round { .. } if cached => {
+                self.copy_gbps.max(self.mailbox_gbps)
+            }
+            Step::Narrow { .. } | Step::Widen { .. } | Step::Round { .. } => self.copy_gbps,
+            Step::Reduce { .. } | Step::WidenReduce { .. } if cached => {
+                self.reduce_gbps.max(self.mailbox_reduce_gbps)
+            }
+            Step::Reduce { .. } | Step::WidenReduce { .. } => self.reduce_gbps,
             _ => return 0.0,
         };
         bytes / gbps / 1e3
@@ -158,13 +168,14 @@ impl CostModel {
 /// contribution copied into its slot, then the most any rank reads out of
 /// the peers' slots, each byte once: copying at `mailbox_gbps`, reducing
 /// at `mailbox_reduce_gbps`; an Avg's division as in a schedule. `None`
-/// if the call does not fit a slot.
+/// if the call does not fit a slot, or travels on a 16-bit wire.
 pub fn predict_mailbox(model: &CostModel, p: &Problem, elem: usize) -> Option<f64> {
     use crate::algo::Collective as C;
     let n = p.nranks;
     let b = (p.count * elem) as f64;
     let publish = crate::sizes::contribution(p.coll, n, p.count * elem)?;
-    if p.vcounts.is_some() || publish > crate::transport::mailbox::MBOX_BYTES {
+    // A 16-bit wire runs its lowered schedule, never the mailboxes.
+    if p.vcounts.is_some() || p.wire.is_some() || publish > crate::transport::mailbox::MBOX_BYTES {
         return None;
     }
     let publish = publish as f64;
@@ -280,8 +291,9 @@ pub fn predict_one(
             .map(|&d| finish[d as usize])
             .fold(0.0, f64::max)
             + model.step_us;
-        let bytes = (st.len() * elem) as f64;
+        let bytes = s.step_bytes(i, elem) as f64;
         let t = match *st {
+            _ if st.converts() => ready + model.local_us(st, bytes),
             Step::Copy { .. } | Step::Reduce { .. } | Step::Scale { .. } => {
                 ready + model.local_us(st, bytes)
             }
@@ -394,8 +406,9 @@ fn simulate(
                 let t = t + model.step_us;
                 r.ready[i] = Some(t);
                 progress = true;
-                let bytes = (r.s.steps[i].len() * elem) as f64;
+                let bytes = r.s.step_bytes(i, elem) as f64;
                 match r.s.steps[i] {
+                    st if st.converts() => r.fin[i] = Some(t + model.local_us(&st, bytes)),
                     st @ (Step::Copy { .. } | Step::Reduce { .. } | Step::Scale { .. }) => {
                         r.fin[i] = Some(t + model.local_us(&st, bytes))
                     }
@@ -462,7 +475,7 @@ fn shm_send_half(rs: &mut [RankSim], a: usize, b: usize, l: LinkCost, elem: usiz
         return false;
     };
     let st = rs[a].s.steps[si];
-    let s_busy = (st.len() * elem) as f64 / l.gbps / 1e3;
+    let s_busy = rs[a].s.step_bytes(si, elem) as f64 / l.gbps / 1e3;
     let (s_start, s_end) = if matches!(st, Step::Send { .. }) {
         let s_start = ready.max(rs[a].cpu_free);
         (s_start, s_start + s_busy)
@@ -505,7 +518,7 @@ fn shm_recv_half(
     if st.reduces() {
         bw = bw.min(model.reduce_gbps);
     }
-    let busy = (st.len() * elem) as f64 / bw / 1e3;
+    let busy = rs[b].s.step_bytes(ri, elem) as f64 / bw / 1e3;
     let r_start = ready.max(rs[b].cpu_free).max(s_start + l.alpha_us);
     let r_end = (r_start + busy).max(s_end + l.alpha_us);
     // The CPU works for `busy`; waiting for the sender leaves it free.
@@ -563,7 +576,7 @@ fn tcp_message(
             None => return false,
         }
     };
-    let bytes = (sstep.len() * elem) as f64;
+    let bytes = rs[a].s.step_bytes(si, elem) as f64;
     let mut bw = l.gbps;
     if rs[b].s.steps[ri].reduces() {
         bw = bw.min(model.reduce_gbps);

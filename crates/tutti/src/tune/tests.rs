@@ -473,3 +473,38 @@ fn local_steps_in_cache_at_the_mailbox_rates() {
     };
     assert_eq!(m.local_us(&send, small), 0.0);
 }
+
+#[test]
+fn a_16_bit_wire_halves_network_time() {
+    // 2 hosts x 2 ranks on 1 Gbit/s links, 16 Mi f32: the network bytes
+    // halve, the conversions cost local passes; the prediction comes close
+    // to half. Small calls gain little (latency and passes dominate).
+    let model = gbit_model();
+    let class = |a: usize, b: usize| {
+        if a / 2 == b / 2 {
+            LinkClass::Shm
+        } else {
+            LinkClass::Tcp
+        }
+    };
+    for alg in [
+        Algorithm::Ring,
+        Algorithm::HalvingDoubling,
+        Algorithm::TwoShot,
+    ] {
+        let p = Problem::new(Collective::AllReduce, 4, 0, 16 << 20);
+        let f32_us = cost::predict(&model, &p, alg, 4, &class).unwrap();
+        let wired = Problem {
+            wire: Some(crate::algo::Wire::Bf16),
+            ..p.clone()
+        };
+        let bf16_us = cost::predict(&model, &wired, alg, 4, &class).unwrap();
+        let ratio = f32_us / bf16_us;
+        assert!(
+            (1.6..=2.0).contains(&ratio),
+            "{alg}: {f32_us} vs {bf16_us} us"
+        );
+        // The mailboxes never carry a wire.
+        assert!(cost::predict_mailbox(&model, &wired, 4).is_none());
+    }
+}

@@ -259,6 +259,7 @@ impl<'a> Runner<'a> {
         let opts = Options {
             algorithm: Some(a),
             timeout: None,
+            wire: None,
         };
         // SAFETY: every caller passes pointers of live vectors of the given
         // lengths that nothing else touches until this blocking call returns.
@@ -316,6 +317,7 @@ impl<'a> Runner<'a> {
                     &Options {
                         algorithm: Some(a),
                         timeout: None,
+                        wire: None,
                     },
                 ),
             };

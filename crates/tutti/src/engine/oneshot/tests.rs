@@ -155,6 +155,7 @@ impl Rank {
             output_len: self.output.len() * 8,
             algorithm: None,
             timeout: None,
+            wire: None,
             background: false,
         }
     }
