@@ -1,12 +1,8 @@
 //! A rank's [`Schedule`]: its steps, and what the executor derives from
 //! them once (dependencies, read-back receives, reduction chains).
 
-<<<<<<< HEAD
-use super::{Buf, Loc, Problem, Step};
-use hazards::{dependencies, read_back};
-=======
 use super::{Buf, Loc, Problem, Step, Wire};
->>>>>>> wire16
+use hazards::{dependencies, read_back};
 use std::ops::Range;
 
 mod hazards;

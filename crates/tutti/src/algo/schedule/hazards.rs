@@ -27,6 +27,10 @@ struct Access {
     writes: Vec<Span>,
 }
 
+/// Buffers with ranges of their own: Input (where it is not in Output),
+/// Output, Scratch and Wire.
+const BUFS: usize = 4;
+
 /// Where Input lies in Output, applied: `(buffer number, range)`.
 fn normalise(b: Buf, r: Range<usize>, alias: Option<usize>) -> (usize, Range<usize>) {
     match (b, alias) {
@@ -34,6 +38,7 @@ fn normalise(b: Buf, r: Range<usize>, alias: Option<usize>) -> (usize, Range<usi
         (Buf::Input, None) => (0, r),
         (Buf::Output, _) => (1, r),
         (Buf::Scratch, _) => (2, r),
+        (Buf::Wire, _) => (3, r),
     }
 }
 
@@ -49,14 +54,14 @@ fn accesses(steps: &[Step], alias: Option<usize>) -> (Vec<Access>, usize) {
         })
         .collect();
     // Each buffer's boundaries, sorted; ids run through the buffers.
-    let mut bounds: [Vec<usize>; 3] = Default::default();
+    let mut bounds: [Vec<usize>; BUFS] = Default::default();
     for (rs, ws) in &raw {
         for (b, r) in rs.iter().chain(ws) {
             bounds[*b].push(r.start);
             bounds[*b].push(r.end);
         }
     }
-    let mut base = [0usize; 3];
+    let mut base = [0usize; BUFS];
     let mut total = 0;
     for (b, v) in bounds.iter_mut().enumerate() {
         v.sort_unstable();

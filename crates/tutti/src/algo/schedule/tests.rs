@@ -125,6 +125,39 @@ fn the_index_finds_the_same_hazards_as_every_pair() {
     assert!(checked > 50_000 && hier > 5_000, "{checked} {hier}");
 }
 
+/// The same over schedules lowered to a 16-bit wire (their staging buffer
+/// is a fourth buffer with ranges of its own).
+#[test]
+fn the_index_finds_the_same_hazards_on_a_wire() {
+    let mut checked = 0;
+    for n in 2..=8usize {
+        let hosts = layout(n);
+        for coll in colls(n).into_iter().filter(|c| c.reduces()) {
+            for count in [1, n + 1, 1000] {
+                for alg in Algorithm::VARIANTS {
+                    for in_place in [false, true] {
+                        for mut p in problems(coll, n, count, in_place) {
+                            p.wire = Some(Wire::Bf16);
+                            p.hosts = Some(hosts.clone());
+                            let Some(s) = alg.build(&p) else { continue };
+                            let alias = p.input_in_output();
+                            let what = || {
+                                format!(
+                                    "{alg} {coll:?} n={n} rank={} count={count} on bf16",
+                                    p.rank
+                                )
+                            };
+                            check(&s.steps, alias, &what);
+                            checked += usize::from(s.staging > 0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 1_000, "{checked}");
+}
+
 /// Empty ranges, fences and aliasing, which no algorithm above may hit.
 #[test]
 fn empty_ranges_fences_and_aliases() {
