@@ -281,9 +281,10 @@ def test_functional_coalesced(n):
         assert calls.get("reduce_scatter") == 1 and ops.get(("reduce_scatter", "ALL_TO_ALL_V")) == 1, (calls, ops)
 
 
-@pytest.mark.parametrize("example", ["fsdp2_transformer", "tp_dtensor"])
+@pytest.mark.parametrize("example", ["fsdp2_transformer"])
 def test_example_command_line(example):
-    """The examples as documented: --spawn 2 on tutti, compared with gloo."""
+    """An example as documented: --spawn 2 on tutti, compared with gloo (tp_dtensor's
+    command line is the same code; its training runs above; left out for CI's time)."""
     cmd = [sys.executable, os.path.join(EXAMPLES, example + ".py"), "--spawn", "2", "--steps", "3",
            "--compare", "gloo"]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
