@@ -10,6 +10,7 @@ torch's own spawn call ``init_process_group("tutti")`` on world sizes 1 and 2.
 
 import glob
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -36,7 +37,9 @@ PROGRAM = textwrap.dedent('''
         assert t.tolist() == [n * (n + 1) / 2] * 4, t
         import tutti
         kind = type(dist.group.WORLD).__name__
-        print(f"rank {rank} of {n}: {kind} from {os.path.dirname(tutti.__file__)}", flush=True)
+        # one write per line: the ranks share the pipe, and print's text and newline
+        # could interleave with the other rank's
+        os.write(1, f"rank {rank} of {n}: {kind} from {os.path.dirname(tutti.__file__)};\\n".encode())
         dist.destroy_process_group()
 
     if __name__ == "__main__":
@@ -88,7 +91,7 @@ def test_init_process_group_without_import(fresh_venv, tmp_path, n):
     p = subprocess.run([py, str(prog), str(n)], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-4000:]
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("rank ")]
-    assert len(lines) == n, p.stdout[-4000:]
-    for ln in lines:
-        assert "ProcessGroupTutti from " + os.path.join(fresh_site, "tutti") in ln, ln
+    lines = re.findall(r"rank (\d+) of \d+: (.*?);", p.stdout)
+    assert sorted(int(r) for r, _ in lines) == list(range(n)), p.stdout[-4000:]
+    for _, what in lines:
+        assert what == "ProcessGroupTutti from " + os.path.join(fresh_site, "tutti"), what
