@@ -220,10 +220,10 @@ impl Core {
         let s = mb.begin(mailbox::meta(tag, c.count), stream);
         let k = reduce::kernel(c.dtype, c.op.step_op());
         let mut m = Live { mb, w, s, k };
-        // SAFETY: the comm layer checked the buffers against the collective
-        // (see `one_shot`); slots hold MBOX_BYTES >= the contribution
-        // (`fits`); a peer's slot is not rewritten before this rank starts
-        // its next op (the mailbox reuse rule).
+        // The buffers were checked against the collective (see `one_shot`);
+        // slots hold MBOX_BYTES >= the contribution (`fits`).
+        // SAFETY: as above, and a peer's slot is not rewritten before this
+        // rank starts its next op (the mailbox reuse rule).
         unsafe { one_shot(&mut m, c) }
     }
 }
