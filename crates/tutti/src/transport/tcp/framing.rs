@@ -151,6 +151,10 @@ pub(super) fn is_ahead(got: u16, n: u32) -> bool {
 
 /// Where received payload goes.
 pub(crate) trait Sink {
+    /// Whether every `frame_start` is true and every `space` is `Some`: the
+    /// sink never holds a frame back, so a header read may bring payload
+    /// along ([`super::lanes::READ_AHEAD`]).
+    const TAKES_ALL: bool = false;
     /// A frame of `flen` bytes at message offset `off` starts on `lane`;
     /// false if it cannot start now (no room), in which case it is offered
     /// again later.

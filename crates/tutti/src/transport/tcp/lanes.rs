@@ -12,6 +12,15 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
+/// The longest message whose payload a header read takes with it (a
+/// message of one frame, into a sink that takes every byte at once,
+/// [`Sink::TAKES_ALL`]): header and payload then arrive in one `read`
+/// instead of two, and a copy out of the lane's buffer costs less than the
+/// system call it saves. The read asks for exactly the expected frame, so it
+/// never takes bytes of the next one (unless a probe comes first: see
+/// [`Lanes::rx`]). Longer messages read their header alone, as before.
+pub(crate) const READ_AHEAD: usize = 4096;
+
 /// One socket of a link and where each direction stands on it.
 pub(crate) struct Lane {
     pub(crate) sock: TcpStream,
@@ -26,8 +35,12 @@ pub(crate) struct Lane {
     /// Receiving: the frame header so far, the frame being read (and
     /// whether the sink has started it), payload bytes read, and whether
     /// `rx_hbuf` holds the next message's first header (kept for later).
-    rx_hbuf: [u8; FRAME_HDR_MAX],
+    /// Payload read with the header lies in `rx_hbuf[rx_pre_at..]`,
+    /// `rx_pre` bytes of it not yet delivered.
+    rx_hbuf: [u8; FRAME_HDR_MAX + READ_AHEAD],
     rx_hdr_got: usize,
+    rx_pre: usize,
+    rx_pre_at: usize,
     rx_frame: Option<usize>,
     rx_begun: bool,
     rx_read: usize,
@@ -45,8 +58,10 @@ impl Lane {
             tx_hdr: 0,
             tx_off: 0,
             nop_sent: hdr_bytes,
-            rx_hbuf: [0; FRAME_HDR_MAX],
+            rx_hbuf: [0; FRAME_HDR_MAX + READ_AHEAD],
             rx_hdr_got: 0,
+            rx_pre: 0,
+            rx_pre_at: 0,
             rx_frame: None,
             rx_begun: false,
             rx_read: 0,
@@ -410,16 +425,24 @@ impl Lanes {
 
     /// Reads frames of the expected message into `sink`. Returns whether
     /// anything moved; `heard` is set when bytes arrived.
-    pub(crate) fn rx(
+    pub(crate) fn rx<S: Sink>(
         &mut self,
         ex: &Expect,
-        sink: &mut impl Sink,
+        sink: &mut S,
         heard: &mut bool,
     ) -> std::result::Result<bool, RxError> {
         let fr = self.framing;
         let hb = fr.hdr_bytes();
         let mut moved = false;
         let lanes = self.rx_lanes();
+        // A message of one frame comes on lane 0 alone, and nothing of a
+        // later message can come before it there: its header may bring
+        // payload with it.
+        let ahead = if S::TAKES_ALL && self.rx.frames == 1 && ex.len <= READ_AHEAD {
+            ex.len
+        } else {
+            0
+        };
         for s in 0..lanes {
             loop {
                 if self.rx.complete() {
@@ -438,39 +461,59 @@ impl Lanes {
                         l.rx_stash = false;
                         l.rx_hdr_got = 0;
                     } else {
-                        match (&l.sock).read(&mut l.rx_hbuf[l.rx_hdr_got..hb]) {
-                            Ok(0) if l.rx_hdr_got == 0 => {
-                                // Closed between frames: what is missing may
-                                // still come on another lane (a peer that
-                                // finished closes them all, each after the
-                                // frames it carried).
-                                l.rx_eof = true;
-                                if self.lanes[..lanes].iter().all(|l| l.rx_eof || l.rx_stash) {
-                                    return Err(RxError::Io(io::ErrorKind::UnexpectedEof.into()));
+                        // (Bytes already there after a probe may hold a whole header.)
+                        if l.rx_hdr_got < hb {
+                            match (&l.sock).read(&mut l.rx_hbuf[l.rx_hdr_got..hb + ahead]) {
+                                Ok(0) if l.rx_hdr_got == 0 => {
+                                    // Closed between frames: what is missing may
+                                    // still come on another lane (a peer that
+                                    // finished closes them all, each after the
+                                    // frames it carried).
+                                    l.rx_eof = true;
+                                    if self.lanes[..lanes].iter().all(|l| l.rx_eof || l.rx_stash) {
+                                        return Err(RxError::Io(
+                                            io::ErrorKind::UnexpectedEof.into(),
+                                        ));
+                                    }
+                                    break;
                                 }
-                                break;
-                            }
-                            Ok(0) => return Err(RxError::Io(io::ErrorKind::UnexpectedEof.into())),
-                            Ok(n) => {
-                                moved = true;
-                                *heard = true;
-                                l.rx_hdr_got += n;
-                                if l.rx_hdr_got < hb {
-                                    continue;
+                                Ok(0) => {
+                                    return Err(RxError::Io(io::ErrorKind::UnexpectedEof.into()))
                                 }
-                                l.rx_hdr_got = 0;
+                                Ok(n) => {
+                                    moved = true;
+                                    *heard = true;
+                                    l.rx_hdr_got += n;
+                                    if l.rx_hdr_got < hb {
+                                        continue;
+                                    }
+                                }
+                                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                                Err(e) => return Err(RxError::Io(e)),
                             }
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                            Err(e) => return Err(RxError::Io(e)),
                         }
+                        // What came after the header is payload (read ahead).
+                        l.rx_pre = l.rx_hdr_got - hb;
+                        l.rx_pre_at = hb;
+                        l.rx_hdr_got = 0;
                     }
                     let h: Header = bytemuck::pod_read_unaligned(&l.rx_hbuf[..HEADER_BYTES]);
                     if h == NOP {
-                        continue; // a peer's liveness probe
+                        // A peer's liveness probe: what was read after it
+                        // begins the next frame.
+                        let (at, pre) = (l.rx_pre_at, l.rx_pre);
+                        l.rx_hbuf.copy_within(at..at + pre, 0);
+                        l.rx_hdr_got = pre;
+                        l.rx_pre = 0;
+                        continue;
                     }
                     if !ex.matches(&h) {
-                        if fr.lanes > 1 && h.flags & 1 == 0 && is_ahead(h.flags >> 1, ex.n) {
+                        if fr.lanes > 1
+                            && l.rx_pre == 0
+                            && h.flags & 1 == 0
+                            && is_ahead(h.flags >> 1, ex.n)
+                        {
                             // A frame of a later message: this lane carried
                             // none of this message's remaining frames (they
                             // are on other lanes); keep it for its turn.
@@ -517,6 +560,21 @@ impl Lanes {
                 let Some((p, room)) = sink.space(s, at, flen - l.rx_read) else {
                     break;
                 };
+                if l.rx_pre > 0 {
+                    // Payload that came with the header: at most the frame's.
+                    let k = room.min(l.rx_pre);
+                    // SAFETY: the sink hands out `room` writable bytes at `p`,
+                    // which do not overlap this lane's own buffer.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(l.rx_hbuf.as_ptr().add(l.rx_pre_at), p, k)
+                    };
+                    sink.commit(s, at, k);
+                    l.rx_read += k;
+                    l.rx_pre -= k;
+                    l.rx_pre_at += k;
+                    moved = true;
+                    continue;
+                }
                 // SAFETY: the sink hands out `room` writable bytes at `p`.
                 let buf = unsafe { std::slice::from_raw_parts_mut(p, room) };
                 match (&l.sock).read(buf) {
@@ -606,6 +664,7 @@ pub(crate) struct Direct {
 }
 
 impl Sink for Direct {
+    const TAKES_ALL: bool = true;
     fn space(&mut self, _lane: usize, off: usize, want: usize) -> Option<(*mut u8, usize)> {
         // SAFETY: off + want <= the message length, for which dst is valid.
         Some((unsafe { self.dst.add(off) }, want))

@@ -20,6 +20,7 @@ struct Reducing<'a> {
 }
 
 impl Sink for Reducing<'_> {
+    const TAKES_ALL: bool = true;
     fn space(&mut self, lane: usize, _off: usize, want: usize) -> Option<(*mut u8, usize)> {
         let (c, cl) = &self.carry[lane];
         self.cx.bounce[..*cl].copy_from_slice(&c[..*cl]);
