@@ -1,11 +1,11 @@
-//! `tutti explain RUN.json --cluster CLUSTER`: reads a `tutti perf --json`
-//! file and says, per collective and size class, where the time went, how
-//! close each call came to its link's limit, where Auto's pick differs
-//! from the model's best for the described links, and how much faster the
-//! model says the call could be.
-//!
-//! Not yet: the flight recorder's per-op timings (stragglers need them);
-//! see docs/sim.md.
+//! `tutti explain RUN --cluster CLUSTER`: reads a run and says, per
+//! collective and size class, where the time went, how close each call
+//! came to its link's limit, where Auto's pick differs from the model's
+//! best for the described links, and how much faster the model says the
+//! call could be. RUN is a `tutti perf --json` file (`--cluster` needed),
+//! or a directory of flight-recorder traces written with
+//! `TUTTI_TRACE_DIR` set ([`tutti::explain`] reads them; this module
+//! prints the report, with stragglers and what-ifs).
 
 use crate::perf::bench;
 use crate::sim::cluster::{self, Checked};
@@ -13,15 +13,23 @@ use crate::sim::price;
 use std::path::PathBuf;
 use tutti::CollKind;
 
+#[path = "explain_trace.rs"]
+mod trace;
+
 /// Arguments of `tutti explain`.
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct ExplainArgs {
-    /// A `tutti perf --json` file.
+    /// A `tutti perf --json` file, or a directory of a run's traces
+    /// (`TUTTI_TRACE_DIR`).
     pub run: PathBuf,
     /// The cluster it ran on (file or preset, as tutti sim); its host and
-    /// rank counts are taken from the run.
+    /// rank counts are taken from the run. Needed for a perf file; for
+    /// traces, the links each rank recorded (calibrated) if left out.
     #[arg(long, value_name = "CLUSTER")]
-    pub cluster: String,
+    pub cluster: Option<String>,
+    /// With traces: also write the report as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
 /// One measured row of the run.
@@ -56,6 +64,15 @@ pub(crate) fn main(a: ExplainArgs) -> Result<i32, String> {
 
 /// The report, computed whole before it is printed.
 pub(crate) fn explain(a: &ExplainArgs) -> Result<String, String> {
+    if a.run.is_dir() {
+        return trace::explain(a);
+    }
+    let Some(cluster_arg) = &a.cluster else {
+        return Err(format!(
+            "{}: a tutti perf --json file needs --cluster (the links it ran on)",
+            a.run.display()
+        ));
+    };
     let text = std::fs::read_to_string(&a.run)
         .map_err(|e| format!("cannot read {}: {e}", a.run.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text)
@@ -68,10 +85,10 @@ pub(crate) fn explain(a: &ExplainArgs) -> Result<String, String> {
     };
     let n = first.nranks;
     let hosts = v["meta"]["hosts"].as_array().map_or(1, |h| h.len().max(1));
-    let mut file = cluster::resolve(&a.cluster)?;
+    let mut file = cluster::resolve(cluster_arg)?;
     file.hosts = Some(hosts);
     file.ranks_per_host = Some(n / hosts);
-    let c: Checked = file.check().map_err(|e| format!("{}: {e}", a.cluster))?;
+    let c: Checked = file.check().map_err(|e| format!("{cluster_arg}: {e}"))?;
     if c.nranks() != n {
         return Err(format!(
             "the run's {n} ranks do not split evenly over its {hosts} hosts"
@@ -88,7 +105,7 @@ pub(crate) fn explain(a: &ExplainArgs) -> Result<String, String> {
         "tutti explain: {} ({} ranks on {hosts} host(s)), links of {}; link limit per rank {:.3} GB/s\n\n",
         a.run.display(),
         n,
-        a.cluster,
+        cluster_arg,
         limit
     );
     s += &format!(
@@ -205,7 +222,8 @@ mod tests {
         let p = run_file("auto:direct");
         let a = ExplainArgs {
             run: p.clone(),
-            cluster: "ns-1g".into(),
+            cluster: Some("ns-1g".into()),
+            json: None,
         };
         let s = explain(&a).unwrap();
         std::fs::remove_file(&p).unwrap();
@@ -224,7 +242,8 @@ mod tests {
         std::fs::write(&p, "{\"rows\": 3}").unwrap();
         let e = explain(&ExplainArgs {
             run: p.clone(),
-            cluster: "ns-1g".into(),
+            cluster: Some("ns-1g".into()),
+            json: None,
         })
         .unwrap_err();
         std::fs::remove_file(&p).unwrap();

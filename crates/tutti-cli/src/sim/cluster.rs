@@ -161,6 +161,12 @@ pub(crate) struct Checked {
     pub cpu_share: f64,
     /// Each port's token bucket, bytes (0: none).
     pub burst_bytes: f64,
+    /// The file's `shared_cores`: every host is one machine with this many cores.
+    pub shared_cores: Option<usize>,
+    /// The file's `host.cores`.
+    pub host_cores: Option<usize>,
+    /// `model` before the scaling for shared cores (what [`Checked::with_hosts`] rescales).
+    pub unscaled: CostModel,
 }
 
 impl Checked {
@@ -187,6 +193,61 @@ impl Checked {
     pub fn hosts_arg(&self) -> Option<std::sync::Arc<[usize]>> {
         (self.hosts > 1).then(|| self.fabric().host_of.into())
     }
+
+    /// The same cluster with `hosts` hosts: the share of a core each rank
+    /// gets follows (with `shared_cores`, more hosts are more ranks on the
+    /// same cores).
+    pub fn with_hosts(&self, hosts: usize) -> Checked {
+        let cpu_share = cpu_share(self.shared_cores, self.host_cores, hosts, self.per_host);
+        Checked {
+            hosts,
+            cpu_share,
+            model: scaled(self.unscaled, cpu_share),
+            ..self.clone()
+        }
+    }
+
+    /// How much slower each rank's own compute runs than on a machine of
+    /// its own: `ranks / shared_cores` where the cluster is one machine
+    /// (`shared_cores`) with fewer cores than ranks, else 1. `host.cores`
+    /// does not slow it: a real host's ranks compute on their own devices
+    /// (GPUs), and a CPU job's threads per rank are the user's to choose.
+    pub fn compute_slowdown(&self) -> f64 {
+        match self.shared_cores {
+            Some(c) if self.nranks() > c => self.nranks() as f64 / c as f64,
+            _ => 1.0,
+        }
+    }
+}
+
+/// The share of a core each of `hosts` x `per_host` ranks gets (at most 1).
+fn cpu_share(
+    shared_cores: Option<usize>,
+    host_cores: Option<usize>,
+    hosts: usize,
+    per_host: usize,
+) -> f64 {
+    let cores_per_rank = match (shared_cores, host_cores) {
+        (Some(c), _) => c as f64 / (hosts * per_host) as f64,
+        (None, Some(c)) => c as f64 / per_host as f64,
+        (None, None) => 1.0,
+    };
+    cores_per_rank.min(1.0)
+}
+
+/// `model` for ranks that get `cpu_share` of a core each.
+fn scaled(mut model: CostModel, cpu_share: f64) -> CostModel {
+    if cpu_share < 1.0 {
+        // As the tuner does (`tune::price`): a hand-off waits for the
+        // peer to be scheduled, and every rank moves bytes at its share.
+        model.shm.alpha_us = model.shm.alpha_us.max(model.mailbox_us);
+        model.local.alpha_us = model.local.alpha_us.max(model.mailbox_us);
+        model.shm.gbps *= cpu_share;
+        model.local.gbps *= cpu_share;
+        model.copy_gbps *= cpu_share;
+        model.reduce_gbps *= cpu_share;
+    }
+    model
 }
 
 impl Cluster {
@@ -305,32 +366,20 @@ impl Cluster {
                 oversub = net.oversubscription;
             }
         }
-        let cores_per_rank = match (self.shared_cores, h.cores) {
-            (Some(c), _) => c as f64 / (hosts * per_host) as f64,
-            (None, Some(c)) => c as f64 / per_host as f64,
-            (None, None) => 1.0,
-        };
-        let cpu_share = cores_per_rank.min(1.0);
-        if cpu_share < 1.0 {
-            // As the tuner does (`tune::price`): a hand-off waits for the
-            // peer to be scheduled, and every rank moves bytes at its share.
-            model.shm.alpha_us = model.shm.alpha_us.max(model.mailbox_us);
-            model.local.alpha_us = model.local.alpha_us.max(model.mailbox_us);
-            model.shm.gbps *= cpu_share;
-            model.local.gbps *= cpu_share;
-            model.copy_gbps *= cpu_share;
-            model.reduce_gbps *= cpu_share;
-        }
+        let cpu_share = cpu_share(self.shared_cores, h.cores, hosts, per_host);
         Ok(Checked {
             name: self.name.clone(),
             hosts,
             per_host,
-            model,
             ports,
             port_gbps,
             oversub,
             cpu_share,
             burst_bytes,
+            shared_cores: self.shared_cores,
+            host_cores: h.cores,
+            unscaled: model,
+            model: scaled(model, cpu_share),
         })
     }
 }

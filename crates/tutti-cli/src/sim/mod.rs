@@ -164,7 +164,7 @@ pub(crate) fn describe(c: &Checked, file: &str) -> String {
     s
 }
 
-/// A cluster with `hosts` hosts instead of its own.
+/// A cluster with `hosts` hosts instead of its own ([`Checked::with_hosts`]).
 pub(crate) fn with_hosts(c: &Checked, hosts: usize) -> Checked {
-    Checked { hosts, ..c.clone() }
+    c.with_hosts(hosts)
 }

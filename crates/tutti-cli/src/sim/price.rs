@@ -1,27 +1,18 @@
 //! Pricing one call on a described cluster: every algorithm that implements
 //! it, each with its best pipeline chunk count, through the fabric
-//! simulation ([`tutti::tune::fabric`]), and Auto's pick among them by the
-//! tuner's own rule ([`tutti::tune::HIER_SLACK`]).
+//! simulation, and Auto's pick among them by the tuner's own rule. The
+//! rule is the library's ([`tutti::tune::fabric_price`], which `tutti
+//! explain` uses too); what is `tutti sim`'s own here: the problem a
+//! cluster poses, the candidates, and a cache of prices.
 
 use super::cluster::Checked;
 use tutti::algo::Problem;
-use tutti::tune::fabric::{simulate, SimStats};
-use tutti::tune::{cost, CHUNK_CHOICES, HIER_SLACK};
+use tutti::tune::fabric::SimStats;
+use tutti::tune::fabric_price;
 use tutti::{Algorithm, Collective};
 
 /// One priced algorithm.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Priced {
-    /// The algorithm.
-    pub alg: Algorithm,
-    /// Pipeline chunks.
-    pub chunks: usize,
-    /// What the simulation found.
-    pub stats: SimStats,
-}
-
-/// Smallest chunk tried, bytes (as the tuner: `tune::price`).
-const MIN_CHUNK_BYTES: usize = 16 << 10;
+pub(crate) use tutti::tune::fabric_price::Priced;
 
 /// The problem rank 0 poses.
 pub(crate) fn problem(c: &Checked, coll: Collective, count: usize, chunks: usize) -> Problem {
@@ -64,21 +55,7 @@ fn price_uncached(
     chunks: usize,
 ) -> Option<SimStats> {
     let p = problem(c, coll, count, chunks);
-    if alg == Algorithm::Direct && c.hosts == 1 && c.nranks() > 1 {
-        // One host: small direct calls go through the one-shot mailboxes,
-        // priced as the tuner prices them.
-        if let Some(us) = cost::predict_mailbox(&c.model, &p, elem) {
-            let b = (count * elem) as f64;
-            return Some(SimStats {
-                us,
-                net_bytes: 0.0,
-                host_bytes: b * (c.nranks() - 1) as f64 * c.nranks() as f64,
-                messages: 0,
-            });
-        }
-    }
-    let scheds = cost::schedules(&p, alg)?;
-    Some(simulate(&c.model, &scheds, elem, &c.fabric(), false))
+    fabric_price::price(&c.model, &c.fabric(), false, &p, elem, alg)
 }
 
 /// `alg` with its best chunk count (the tuner's rule: a finer cut must win
@@ -90,37 +67,9 @@ pub(crate) fn best_chunks(
     elem: usize,
     alg: Algorithm,
 ) -> Option<Priced> {
-    let mut best = Priced {
-        alg,
-        chunks: 1,
-        stats: price_one(c, coll, count, elem, alg, 1)?,
-    };
-    let bytes = count * elem;
-    if bytes < 2 * MIN_CHUNK_BYTES || alg == Algorithm::Ring {
-        return Some(best);
-    }
-    let steps = |k| {
-        alg.build(&problem(c, coll, count, k))
-            .map(|s| s.steps.len())
-    };
-    if steps(2) == steps(1) {
-        return Some(best);
-    }
-    for k in CHUNK_CHOICES.into_iter().skip(1) {
-        if bytes / k < MIN_CHUNK_BYTES {
-            break;
-        }
-        if let Some(s) = price_one(c, coll, count, elem, alg, k) {
-            if s.us < best.stats.us * 0.97 {
-                best = Priced {
-                    alg,
-                    chunks: k,
-                    stats: s,
-                };
-            }
-        }
-    }
-    Some(best)
+    fabric_price::best_chunks(&problem(c, coll, count, 1), elem, alg, |q| {
+        price_one(c, coll, count, elem, alg, q.chunks)
+    })
 }
 
 /// Every algorithm of `among` that implements the call, cheapest first
@@ -132,25 +81,13 @@ pub(crate) fn rank(
     elem: usize,
     among: &[Algorithm],
 ) -> Vec<Priced> {
-    let mut v: Vec<Priced> = among
-        .iter()
-        .filter_map(|&a| best_chunks(c, coll, count, elem, a))
-        .filter(|x| x.stats.us.is_finite())
-        .collect();
-    v.sort_by(|x, y| x.stats.us.total_cmp(&y.stats.us));
-    v
+    fabric_price::rank(among, |a| best_chunks(c, coll, count, elem, a))
 }
 
 /// Auto's pick in `v` (cheapest first): the cheapest, or a hierarchical
-/// schedule priced within [`HIER_SLACK`] of it (`tune::choose_with`).
+/// schedule priced within `HIER_SLACK` of it (`tune::choose_with`).
 pub(crate) fn auto_pick(v: &[Priced]) -> Option<Priced> {
-    let best = v.first()?;
-    Some(
-        v.iter()
-            .find(|x| x.alg.is_hierarchical() && x.stats.us <= best.stats.us * (1.0 + HIER_SLACK))
-            .copied()
-            .unwrap_or(*best),
-    )
+    fabric_price::auto_pick(v)
 }
 
 /// The algorithms `tutti sim` considers: every flat one and every

@@ -28,6 +28,11 @@ pub(crate) struct StepArgs {
     /// One rank's rate, TFLOP/s (with --flops).
     #[arg(long, value_name = "RATE")]
     pub tflops: Option<f64>,
+    /// One rank's whole step measured under the framework (e.g. DDP on a
+    /// world of 1), milliseconds: what it takes over the compute is
+    /// charged to every step as the framework's own cost.
+    #[arg(long = "step-1-ms", value_name = "MS")]
+    pub step_1_ms: Option<f64>,
     /// Gradient bucket size (K, M, G suffixes).
     #[arg(long, value_name = "SIZE", default_value = "25M")]
     pub bucket: String,
@@ -125,11 +130,26 @@ pub(crate) fn workload(s: &StepArgs) -> Result<Workload, String> {
     if s.accum == 0 {
         return Err("--accum 0: allowed: 1 or more micro-batches".into());
     }
+    let compute_step_ms = compute_ms * s.accum as f64;
+    // Measured against measured: where the framework costs less than the
+    // two runs' noise, one rank's step can come out below its compute.
+    // The framework's cost is then 0, not negative (the report says so).
+    let framework_ms = match s.step_1_ms {
+        None => 0.0,
+        Some(t) if t.is_finite() && t > 0.0 => (t - compute_step_ms).max(0.0),
+        Some(t) => {
+            return Err(format!(
+                "--step-1-ms {t}: allowed: a positive number of milliseconds, one rank's whole step under the framework (at least its compute, {compute_step_ms} ms here), e.g. {}",
+                (compute_step_ms * 1.5 * 100.0).round() / 100.0
+            ))
+        }
+    };
     Ok(Workload {
         params,
         grad_elem,
         wire_elem,
         compute_us: compute_ms * 1e3,
+        framework_us: framework_ms * 1e3,
         bucket_bytes: bucket as u64,
         overlap,
         sparsify: s.sparsify,
@@ -397,15 +417,49 @@ pub(super) fn run(a: &SimArgs, c: &Checked) -> Result<String, String> {
         0.0
     };
     out += &format!(
-        "step on {} ranks: {} ms = compute {} ms + exposed communication {} ms ({share:.0}% of the step); overlapped communication {} ms; algorithm {}\n\n",
+        "step on {} ranks: {} ms = compute {} ms{} + exposed communication {} ms ({share:.0}% of the step); overlapped communication {} ms; algorithm {}\n",
         c.nranks(),
         ms(base.step_us),
         ms(base.compute_us),
+        if base.framework_us > 0.0 {
+            format!(" + framework {} ms", ms(base.framework_us))
+        } else {
+            String::new()
+        },
         ms(base.exposed_us),
         ms(base.overlapped_us()),
         base.pick.as_ref().map_or("-".into(), price::label),
     );
-    out += "scaling (same per-rank batch; efficiency = compute / step)\n";
+    if base.slowdown > 1.0 {
+        out += &format!(
+            "  compute: {} ms per micro-batch x {:.2}: {} ranks share {} cores (shared_cores)\n",
+            ms(w.compute_us),
+            base.slowdown,
+            c.nranks(),
+            c.shared_cores.unwrap_or_default()
+        );
+    }
+    if let Some(t) = a.step.step_1_ms.filter(|_| w.framework_us == 0.0) {
+        out += &format!(
+            "  framework: 0 ms (--step-1-ms {t} is not above one rank's compute {} ms: its cost is within the measurements' noise)\n",
+            ms(w.compute_us * w.accum as f64),
+        );
+    }
+    if w.framework_us > 0.0 {
+        out += &format!(
+            "  framework: {} ms per step{} (--step-1-ms {} less one rank's compute {} ms), not overlapped\n",
+            ms(w.framework_us),
+            if base.slowdown > 1.0 {
+                format!(" x {:.2}", base.slowdown)
+            } else {
+                String::new()
+            },
+            ms(base.alone_us),
+            ms(w.compute_us * w.accum as f64),
+        );
+    }
+    out += "\n";
+    out += "scaling (same per-rank batch; efficiency = one rank's step alone / step)\n";
     out += &format!(
         "  {:>6}  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}  {}\n",
         "hosts", "ranks", "step (ms)", "comm (ms)", "exposed", "efficiency", "algorithm"
@@ -415,7 +469,7 @@ pub(super) fn run(a: &SimArgs, c: &Checked) -> Result<String, String> {
         "  {:>6}  {:>6}  {:>10}  {:>10}  {:>10}  {:>9.1}%  -\n",
         1,
         1,
-        ms(w.compute_us * w.accum as f64),
+        ms(base.alone_us),
         ms(0.0),
         ms(0.0),
         100.0

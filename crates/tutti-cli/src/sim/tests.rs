@@ -131,6 +131,7 @@ fn resnet(compute_ms: f64) -> Workload {
         grad_elem: 4,
         wire_elem: 4,
         compute_us: compute_ms * 1e3,
+        framework_us: 0.0,
         bucket_bytes: 25 << 20,
         overlap: true,
         sparsify: 1.0,
@@ -139,14 +140,22 @@ fn resnet(compute_ms: f64) -> Workload {
 }
 
 /// A faster link (network or host, bandwidth or latency) never predicts a
-/// slower step, on every preset with several hosts, overlapped or not.
+/// slower step, on every preset with several hosts, overlapped or not,
+/// with and without a framework cost, and where ranks share cores.
 #[test]
 fn a_faster_link_never_predicts_a_slower_step() {
-    for name in ["2x8-eth100", "2x8-roce200", "4x8-eth100", "ns-1g"] {
-        let c = resolve(name).unwrap().check().unwrap();
-        for overlap in [true, false] {
+    let shared = resolve("ns-1g").unwrap().check().unwrap().with_hosts(4);
+    assert_eq!(shared.compute_slowdown(), 2.0);
+    let presets = ["2x8-eth100", "2x8-roce200", "4x8-eth100", "ns-1g"];
+    let clusters = presets
+        .iter()
+        .map(|n| (n.to_string(), resolve(n).unwrap().check().unwrap()))
+        .chain([("ns-1g x 4".to_string(), shared)]);
+    for (name, c) in clusters {
+        for (overlap, framework_us) in [(true, 0.0), (false, 0.0), (true, 15e3), (false, 15e3)] {
             let w = Workload {
                 overlap,
+                framework_us,
                 ..resnet(50.0)
             };
             let base = step_time(&c, &w, None).unwrap().step_us;
@@ -168,7 +177,7 @@ fn a_faster_link_never_predicts_a_slower_step() {
                 let t = step_time(&f, &w, None).unwrap().step_us;
                 assert!(
                     t <= base * 1.0001,
-                    "{name} overlap {overlap}: {what} {t} > {base}"
+                    "{name} overlap {overlap} framework {framework_us}: {what} {t} > {base}"
                 );
             }
         }
@@ -251,5 +260,194 @@ fn a_burst_never_slows_a_call() {
             assert_eq!(tp, tz, "{alg} {count}");
             assert!(tb <= tp * (1.0 + 1e-9), "{alg} {count}: {tb} > {tp}");
         }
+    }
+}
+
+/// `tutti sim ... step` as the command line gives it.
+fn step_args(extra: &[&str]) -> Result<super::step::StepArgs, String> {
+    sim_args(extra).map(|a| a.step)
+}
+
+/// `tutti sim ns-1g step --grad-bytes 12763168 EXTRA...`, parsed.
+fn sim_args(extra: &[&str]) -> Result<super::SimArgs, String> {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sim: super::SimArgs,
+    }
+    use clap::Parser;
+    let argv = ["tutti", "ns-1g", "step", "--grad-bytes", "12763168"];
+    Cli::try_parse_from(argv.iter().chain(extra))
+        .map(|c| c.sim)
+        .map_err(|e| e.to_string())
+}
+
+/// The report names both new terms: the framework's cost and the slowed
+/// compute, with where each came from.
+#[test]
+fn the_step_report_shows_framework_and_slowdown() {
+    let a = sim_args(&["--compute-ms", "31.47", "--step-1-ms", "46.9"]).unwrap();
+    let c = resolve("ns-1g").unwrap().check().unwrap().with_hosts(4);
+    let out = super::step::run(&a, &c).unwrap();
+    assert!(
+        out.contains("= compute 62.94 ms + framework 30.86 ms + exposed"),
+        "{out}"
+    );
+    assert!(
+        out.contains("compute: 31.47 ms per micro-batch x 2.00: 4 ranks share 2 cores"),
+        "{out}"
+    );
+    assert!(
+        out.contains("framework: 15.43 ms per step x 2.00 (--step-1-ms 46.90"),
+        "{out}"
+    );
+    // One rank alone: the measured step.
+    assert!(out.contains("       1       1       46.90"), "{out}");
+    let plain = sim_args(&["--compute-ms", "31.47"]).unwrap();
+    let out = super::step::run(&plain, &c.with_hosts(2)).unwrap();
+    assert!(
+        !out.contains("framework") && !out.contains("share 2 cores"),
+        "{out}"
+    );
+}
+
+/// `--step-1-ms`: parsed, the difference from the compute charged to every
+/// step as its own term, and bad values named with what is allowed.
+#[test]
+fn step_1_ms_is_charged_as_the_frameworks_cost() {
+    let a = step_args(&["--compute-ms", "31.47", "--step-1-ms", "46.9"]).unwrap();
+    assert_eq!(a.step_1_ms, Some(46.9));
+    let w = super::step::workload(&a).unwrap();
+    assert!(
+        (w.framework_us - 15_430.0).abs() < 1e-6,
+        "{}",
+        w.framework_us
+    );
+    let plain = super::step::workload(&step_args(&["--compute-ms", "31.47"]).unwrap()).unwrap();
+    assert_eq!(plain.framework_us, 0.0);
+    let c = resolve("ns-1g").unwrap().check().unwrap();
+    let (t, t0) = (
+        step_time(&c, &w, None).unwrap(),
+        step_time(&c, &plain, None).unwrap(),
+    );
+    assert!((t.framework_us - 15_430.0).abs() < 1e-6);
+    assert!((t.step_us - t0.step_us - 15_430.0).abs() < 1e-6);
+    assert_eq!(t.exposed_us, t0.exposed_us);
+    // One rank alone: the measured step itself, and efficiency against it.
+    assert!((t.alone_us - 46_900.0).abs() < 1e-6);
+    assert!((t.efficiency() - 46_900.0 / t.step_us).abs() < 1e-12);
+    // With accumulation the step's compute is K micro-batches.
+    let acc = step_args(&["--compute-ms", "10", "--accum", "2", "--step-1-ms", "25"]).unwrap();
+    let acc = super::step::workload(&acc).unwrap();
+    assert!((acc.framework_us - 5_000.0).abs() < 1e-6);
+    // Below the compute (the two measurements' noise): no framework cost,
+    // never a negative one; one rank alone is then its compute.
+    for below in [
+        &["--compute-ms", "31.47", "--step-1-ms", "30"][..],
+        &["--compute-ms", "10", "--accum", "2", "--step-1-ms", "15"][..],
+    ] {
+        let w = super::step::workload(&step_args(below).unwrap()).unwrap();
+        assert_eq!(w.framework_us, 0.0, "{below:?}");
+        let t = step_time(&c, &w, None).unwrap();
+        assert_eq!(t.alone_us, w.compute_us * w.accum as f64);
+    }
+    for (bad, why) in [
+        (&["--compute-ms", "31.47", "--step-1-ms", "0"][..], "zero"),
+        (&["--compute-ms", "31.47", "--step-1-ms=-1"][..], "negative"),
+        (
+            &["--compute-ms", "31.47", "--step-1-ms", "NaN"][..],
+            "not a number",
+        ),
+        (
+            &["--compute-ms", "31.47", "--step-1-ms", "inf"][..],
+            "infinite",
+        ),
+    ] {
+        let e = super::step::workload(&step_args(bad).unwrap()).expect_err(why);
+        assert!(
+            e.contains("--step-1-ms") && e.contains("allowed"),
+            "{why}: {e}"
+        );
+    }
+    let e = step_args(&["--compute-ms", "1", "--step-1-ms", "fast"]).expect_err("a word");
+    assert!(e.contains("--step-1-ms"), "{e}");
+}
+
+/// `shared_cores`: more ranks than the machine's cores slow every rank's
+/// compute (and framework cost) by ranks / cores, and rescale the model's
+/// rates as the scaling table adds hosts; a cluster without it is unchanged.
+#[test]
+fn shared_cores_slow_the_compute_of_crowded_ranks() {
+    let text = "hosts = 2\nranks_per_host = 1\nshared_cores = 2\n[host]\nbandwidth_gbit = 64\nlatency_us = 0.3\n[network]\nbandwidth_gbit = 1\nlatency_us = 60\n";
+    let two = Cluster::parse(text).unwrap().check().unwrap();
+    assert_eq!(
+        (two.shared_cores, two.cpu_share, two.compute_slowdown()),
+        (Some(2), 1.0, 1.0)
+    );
+    let four = two.with_hosts(4);
+    assert_eq!((four.cpu_share, four.compute_slowdown()), (0.5, 2.0));
+    assert_eq!(four.model.reduce_gbps, two.model.reduce_gbps * 0.5);
+    // The same as the file checked with 4 hosts.
+    let file4 = Cluster::parse(&text.replace("hosts = 2", "hosts = 4")).unwrap();
+    assert_eq!(file4.check().unwrap(), four);
+    assert_eq!(four.with_hosts(2), two);
+    let w = Workload {
+        framework_us: 10e3,
+        ..resnet(30.0)
+    };
+    let (s2, s4) = (
+        step_time(&two, &w, None).unwrap(),
+        step_time(&four, &w, None).unwrap(),
+    );
+    assert_eq!((s2.compute_us, s2.framework_us), (30e3, 10e3));
+    assert_eq!((s4.compute_us, s4.framework_us), (60e3, 20e3));
+    assert_eq!((s2.alone_us, s4.alone_us), (40e3, 40e3));
+    assert!(s4.step_us >= s4.compute_us + s4.framework_us);
+    rejects(
+        &text.replace("shared_cores = 2", "shared_cores = 0"),
+        "shared_cores",
+    );
+    // Without shared_cores, host.cores or not, the compute is as given.
+    for c in [
+        resolve("2x8-eth100")
+            .unwrap()
+            .check()
+            .unwrap()
+            .with_hosts(4),
+        Cluster::parse(&GOOD.replace("latency_us = 0.3", "latency_us = 0.3\ncores = 2"))
+            .unwrap()
+            .check()
+            .unwrap(),
+    ] {
+        assert_eq!(c.compute_slowdown(), 1.0);
+        let s = step_time(&c, &resnet(30.0), None).unwrap();
+        assert_eq!(s.compute_us, 30e3);
+        assert_eq!(s.efficiency(), s.compute_us / s.step_us);
+    }
+}
+
+/// More hosts never move fewer bytes per step, where ranks share cores and
+/// with a framework cost too; and never a faster step there.
+#[test]
+fn more_hosts_never_predict_less_step_traffic() {
+    let c = resolve("ns-1g").unwrap().check().unwrap();
+    let w = Workload {
+        framework_us: 15e3,
+        bucket_bytes: 1 << 20,
+        ..resnet(30.0)
+    };
+    let w = Workload {
+        params: 3_190_792,
+        ..w
+    };
+    let mut last = (0.0, 0.0, 0.0);
+    for hosts in [2usize, 4, 8] {
+        let s = step_time(&c.with_hosts(hosts), &w, None).unwrap();
+        assert!(
+            s.net_bytes >= last.0 && s.all_bytes >= last.1,
+            "{hosts} hosts: {s:?}"
+        );
+        assert!(s.step_us >= last.2, "{hosts} hosts: {s:?}");
+        last = (s.net_bytes, s.all_bytes, s.step_us);
     }
 }

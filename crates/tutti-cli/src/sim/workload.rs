@@ -11,6 +11,20 @@
 //! overlap off every bucket waits for the end of the backward pass. Each
 //! call is priced by the fabric simulation ([`super::price`]), the
 //! algorithm being Auto's pick for its size unless one is forced.
+//!
+//! Two more terms, both measured by the user rather than modelled:
+//!
+//! * the framework's own cost per step (`framework_us`: one rank's step
+//!   under DDP less its plain compute: flattening gradients into buckets,
+//!   the one-rank AllReduce call, the division by the world size). It is
+//!   charged in full after the compute and the communication, hiding
+//!   nothing and hidden by nothing;
+//! * on a cluster that is one machine (`shared_cores`) with fewer cores
+//!   than ranks, each rank's compute and framework cost run
+//!   [`Checked::compute_slowdown`] (ranks / cores) times slower.
+//!
+//! Scaling efficiency compares with one rank alone: its compute and
+//! framework cost, on a core of its own.
 
 use super::cluster::Checked;
 use super::price::{self, Priced};
@@ -27,6 +41,9 @@ pub(crate) struct Workload {
     pub wire_elem: usize,
     /// One micro-batch's compute on one rank, microseconds.
     pub compute_us: f64,
+    /// The framework's own cost per step on one rank, microseconds
+    /// (`--step-1-ms` less the compute; 0 if not given).
+    pub framework_us: f64,
     /// Bucket size, bytes of stored gradients.
     pub bucket_bytes: u64,
     /// Communication overlaps the backward pass.
@@ -40,8 +57,16 @@ pub(crate) struct Workload {
 /// A predicted step.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct StepTime {
-    /// Compute of the step (all micro-batches), microseconds.
+    /// Compute of the step (all micro-batches), microseconds, slowed
+    /// where ranks share cores.
     pub compute_us: f64,
+    /// The framework's cost of the step, microseconds, slowed the same way.
+    pub framework_us: f64,
+    /// How much slower each rank computes than alone (1: not at all).
+    pub slowdown: f64,
+    /// One rank's step alone (compute and framework cost, no
+    /// communication, a core of its own), microseconds.
+    pub alone_us: f64,
     /// All communication, microseconds.
     pub comm_us: f64,
     /// Communication the compute does not hide, microseconds.
@@ -69,10 +94,10 @@ impl StepTime {
         self.step_us / w.accum.max(1) as f64
     }
 
-    /// Scaling efficiency against one rank: compute / step.
+    /// Scaling efficiency against one rank alone: its step / this step.
     pub fn efficiency(&self) -> f64 {
         if self.step_us > 0.0 {
-            self.compute_us / self.step_us
+            self.alone_us / self.step_us
         } else {
             1.0
         }
@@ -116,7 +141,10 @@ pub(crate) fn step_time(
     w: &Workload,
     force: Option<Algorithm>,
 ) -> Result<StepTime, String> {
-    let compute = w.compute_us * w.accum.max(1) as f64;
+    let slowdown = c.compute_slowdown();
+    let alone = w.compute_us * w.accum.max(1) as f64 + w.framework_us;
+    let compute = w.compute_us * slowdown * w.accum.max(1) as f64;
+    let framework = w.framework_us * slowdown;
     let calls = calls(w);
     let buckets: usize = calls.iter().map(|x| x.3).sum();
     let mut priced: Vec<(f64, usize)> = Vec::new();
@@ -150,7 +178,7 @@ pub(crate) fn step_time(
         .flat_map(|&(us, times)| std::iter::repeat_n(us, times))
         .collect();
     let comm: f64 = durations.iter().sum();
-    let last_backward = 2.0 / 3.0 * w.compute_us;
+    let last_backward = 2.0 / 3.0 * w.compute_us * slowdown;
     let bwd_start = compute - last_backward;
     let k = durations.len().max(1) as f64;
     let mut end = 0f64;
@@ -162,11 +190,14 @@ pub(crate) fn step_time(
         };
         end = end.max(ready) + d;
     }
-    let step = compute.max(end);
+    let step = compute.max(end) + framework;
     Ok(StepTime {
         compute_us: compute,
+        framework_us: framework,
+        slowdown,
+        alone_us: alone,
         comm_us: comm,
-        exposed_us: step - compute,
+        exposed_us: step - compute - framework,
         step_us: step,
         buckets,
         pick,

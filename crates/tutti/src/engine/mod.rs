@@ -12,11 +12,12 @@
 //! and runs a schedule through `executor`; `oneshot` runs small calls
 //! through the mailboxes, and `repeat` lets a call that repeats the last
 //! one skip the checks and the tuner; `online` is online tuning's glue;
-//! `recorder` is the flight recorder.
+//! `recorder` is the flight recorder, `explain` reads timed traces.
 
 mod call;
 mod convert;
 pub(crate) mod executor;
+pub mod explain;
 pub(crate) mod oneshot;
 mod online;
 mod plan;
@@ -167,6 +168,7 @@ impl Core {
             .as_ref()
             .filter(|_| config.mailbox)
             .and_then(|seg| Mailbox::new(&links, rank, seg, local_index));
+        let timed = config.trace_dir.is_some();
         Core {
             links,
             peer_pids,
@@ -194,7 +196,7 @@ impl Core {
             poisoned: None,
             #[cfg(test)]
             panic_next: false,
-            recorder: recorder::Recorder::default(),
+            recorder: recorder::Recorder::new(timed),
             rescue: None,
             rescue_due: Instant::now(),
             first_error: Arc::new(Mutex::new(None)),
@@ -236,8 +238,10 @@ impl Core {
             redop: c.op.name(),
             algorithm: "",
             state: recorder::RecState::Running,
-            start_us: 0,
-            end_us: 0,
+            bytes: c.count * c.dtype.size(),
+            forced: c.algorithm.is_some(),
+            t0: 0,
+            t1: 0,
         }
     }
 
@@ -298,8 +302,8 @@ impl Core {
         ) {
             tracing::error!(rank = self.rank, "{e}");
             self.poison(&e);
-            self.recorder
-                .dump(self.rank, self.nranks, self.config.trace_dir.as_deref());
+            let dir = self.config.trace_dir.as_deref();
+            self.recorder.dump(self.rank, self.nranks, dir, &self.tune);
         }
         e
     }
@@ -656,6 +660,11 @@ impl Drop for Core {
         // of what it sent before the sockets close; one that failed closes
         // them at once (its peers are failing too, and may read nothing).
         let healthy = self.poisoned.is_none();
+        if healthy {
+            let dir = self.config.trace_dir.as_deref();
+            self.recorder
+                .dump_at_end(self.rank, self.nranks, dir, &self.tune);
+        }
         if let Some(io) = &self.io {
             io.close_gracefully_on_stop(healthy);
         }

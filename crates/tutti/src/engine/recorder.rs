@@ -3,14 +3,36 @@
 //! fails, the record is logged and, if `TUTTI_TRACE_DIR` is set, written as
 //! `tutti-trace-rank<R>.json` there; [`analyze`] reads every rank's file and
 //! says which rank is behind, at which op.
+//!
+//! With `TUTTI_TRACE_DIR` set, the recorder also times ops (their start
+//! and end, from a raw cycle counter: two reads of it per op, no system
+//! call) and keeps the last [`TIMED_CAPACITY`] of them; a communicator
+//! destroyed healthy writes its trace too, for `tutti explain`
+//! ([`crate::explain`]). Every op of [`TIME_ALL_BYTES`] or more is timed;
+//! smaller ones one in [`SAMPLE`], by sequence number (so every rank times
+//! the same ones), which keeps the cost of timing a small call under 1%.
+//! Without it, no clock is read on an op's path.
 
+use crate::tune::{CostModel, LinkClass, TuneCtx};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// How many ops each communicator remembers.
 pub const CAPACITY: usize = 64;
+
+/// How many ops each communicator remembers when it times them
+/// (`TUTTI_TRACE_DIR` set): a power of two.
+pub const TIMED_CAPACITY: usize = 4096;
+
+/// Ops of at least this many bytes are all timed (a call of 64 KiB takes
+/// microseconds: two counter reads are well under 1% of it).
+pub const TIME_ALL_BYTES: usize = 64 << 10;
+
+/// Of the smaller ops, those whose sequence number is a multiple of this
+/// are timed.
+pub const SAMPLE: u64 = 16;
 
 /// The state of a recorded op.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,11 +65,28 @@ pub struct OpRecord {
     pub algorithm: String,
     /// State.
     pub state: OpState,
-    /// Start, microseconds since the Unix epoch (recorded when the op first
-    /// had to wait; 0 if it never did).
+    /// Start, microseconds since the Unix epoch (0 where ops were not
+    /// timed).
     pub start_us: u64,
-    /// When it failed, microseconds since the Unix epoch (0 if it did not).
+    /// End (success or failure), microseconds since the Unix epoch (0 if
+    /// not known: untimed and not failed, or still running).
     pub end_us: u64,
+    /// Bytes of the call: `count` times the element size.
+    #[serde(default)]
+    pub bytes: u64,
+    /// The algorithm was forced (by the call or `TUTTI_ALGO`), not Auto's pick.
+    #[serde(default)]
+    pub forced: bool,
+    /// Start, nanoseconds since the Unix epoch (0 where ops were not
+    /// timed): when the op's turn came on this rank, after every op issued
+    /// before it. Ranks of one host read one clock; across hosts, the
+    /// clocks are as close as the hosts keep them (NTP: tens of
+    /// microseconds to milliseconds).
+    #[serde(default)]
+    pub start_ns: u64,
+    /// End, nanoseconds since the Unix epoch (0 if not known).
+    #[serde(default)]
+    pub end_ns: u64,
 }
 
 /// A rank's trace file.
@@ -59,13 +98,90 @@ pub struct Trace {
     pub size: usize,
     /// The last ops, oldest first.
     pub ops: Vec<OpRecord>,
+    /// Ops were timed (`TUTTI_TRACE_DIR` set when the communicator was
+    /// made): every op of [`TIME_ALL_BYTES`] or more, and the smaller
+    /// ones whose sequence number is a multiple of [`SAMPLE`].
+    #[serde(default)]
+    pub timed: bool,
+    /// The host index of every rank of the communicator (empty in traces
+    /// written before it was recorded).
+    #[serde(default)]
+    pub host_of: Vec<usize>,
+    /// Ranks are threads of one process.
+    #[serde(default)]
+    pub threads: bool,
+    /// The links from this rank to its peers: `shm`, `tcp`, `local`, or
+    /// several joined by `+`.
+    #[serde(default)]
+    pub links: String,
+    /// The cost model's parameters this communicator's tuner used
+    /// (calibrated, or the defaults).
+    #[serde(default)]
+    pub model: Option<CostModel>,
 }
 
-pub(crate) fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
+/// A raw cycle counter: the time-stamp counter on x86-64 (about 10 ns a
+/// read, no system call), nanoseconds of a monotonic clock elsewhere.
+#[inline]
+fn ticks() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `rdtsc` has no preconditions: it reads the time-stamp
+        // counter, which every x86-64 CPU has.
+        #[allow(unused_unsafe)]
+        unsafe {
+            std::arch::x86_64::_rdtsc()
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        ORIGIN.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
+    }
+}
+
+/// Turns [`ticks`] into nanoseconds since the Unix epoch: anchored at the
+/// recorder's birth (the counter, a monotonic and the wall clock read
+/// together), its rate measured against the monotonic clock when a trace
+/// is written.
+#[derive(Clone, Copy, Debug)]
+struct Clock {
+    ticks0: u64,
+    mono0: Instant,
+    epoch0_ns: u64,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        Clock {
+            ticks0: ticks(),
+            mono0: Instant::now(),
+            epoch0_ns: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0),
+        }
+    }
+
+    /// Nanoseconds per tick, measured now.
+    fn rate(&self) -> f64 {
+        let dt = ticks().wrapping_sub(self.ticks0);
+        let ns = self.mono0.elapsed().as_nanos() as f64;
+        if dt == 0 || ns <= 0.0 {
+            1.0
+        } else {
+            ns / dt as f64
+        }
+    }
+
+    /// `t` (from [`ticks`], 0: not read) as nanoseconds since the epoch.
+    fn epoch_ns(&self, t: u64, rate: f64) -> u64 {
+        if t == 0 {
+            return 0;
+        }
+        let d = t.wrapping_sub(self.ticks0) as i64 as f64 * rate;
+        (self.epoch0_ns as f64 + d).max(0.0) as u64
+    }
 }
 
 /// The state of a [`Rec`]: [`OpState`] without the message, so that a
@@ -88,12 +204,19 @@ pub(crate) struct Rec {
     pub redop: &'static str,
     pub algorithm: &'static str,
     pub state: RecState,
-    pub start_us: u64,
-    pub end_us: u64,
+    /// Bytes of the call.
+    pub bytes: usize,
+    /// The call forced its algorithm.
+    pub forced: bool,
+    /// Start, in [`ticks`] (0: not read).
+    pub t0: u64,
+    /// End, in [`ticks`] (0: not read).
+    pub t1: u64,
 }
 
 impl Rec {
-    fn record(&self, failures: &VecDeque<(u64, String)>) -> OpRecord {
+    fn record(&self, failures: &VecDeque<(u64, String)>, clock: &Clock, rate: f64) -> OpRecord {
+        let (s, e) = (clock.epoch_ns(self.t0, rate), clock.epoch_ns(self.t1, rate));
         let state = match self.state {
             RecState::Running => OpState::Running,
             RecState::Done => OpState::Done,
@@ -113,40 +236,64 @@ impl Rec {
             redop: self.redop.into(),
             algorithm: self.algorithm.into(),
             state,
-            start_us: self.start_us,
-            end_us: self.end_us,
+            start_us: s / 1000,
+            end_us: e / 1000,
+            bytes: self.bytes as u64,
+            forced: self.forced,
+            start_ns: s,
+            end_ns: e,
         }
     }
 }
 
-/// The recorder itself: a ring of the last [`CAPACITY`] ops.
+/// The recorder itself: a ring of the last [`CAPACITY`] ops
+/// ([`TIMED_CAPACITY`] when it times them).
 pub(crate) struct Recorder {
-    ring: [Option<Rec>; CAPACITY],
-    /// Ops recorded so far; the newest is at `(started - 1) % CAPACITY`.
+    ring: Box<[Option<Rec>]>,
+    /// `ring.len() - 1` (the length is a power of two).
+    mask: usize,
+    /// Ops recorded so far; the newest is at `(started - 1) & mask`.
     started: usize,
     /// Messages of the failed ops still in the ring, by sequence number.
     failures: VecDeque<(u64, String)>,
+    /// Every op's start and end are read.
+    timed: bool,
+    clock: Clock,
 }
 
 impl Default for Recorder {
     fn default() -> Self {
-        Recorder {
-            ring: [None; CAPACITY],
-            started: 0,
-            failures: VecDeque::new(),
-        }
+        Recorder::new(false)
     }
 }
 
 impl Recorder {
-    pub(crate) fn start(&mut self, r: Rec) {
-        self.ring[self.started % CAPACITY] = Some(r);
+    /// A recorder; `timed`: read the clock at ops' start and end (see the
+    /// module's comment).
+    pub(crate) fn new(timed: bool) -> Recorder {
+        let cap = if timed { TIMED_CAPACITY } else { CAPACITY };
+        Recorder {
+            ring: vec![None; cap].into_boxed_slice(),
+            mask: cap - 1,
+            started: 0,
+            failures: VecDeque::new(),
+            timed,
+            clock: Clock::new(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn start(&mut self, mut r: Rec) {
+        if self.timed && (r.bytes >= TIME_ALL_BYTES || r.seq.is_multiple_of(SAMPLE)) {
+            r.t0 = ticks();
+        }
+        self.ring[self.started & self.mask] = Some(r);
         self.started += 1;
     }
 
     fn newest(&mut self) -> Option<&mut Rec> {
         let i = self.started.checked_sub(1)?;
-        self.ring[i % CAPACITY].as_mut()
+        self.ring[i & self.mask].as_mut()
     }
 
     pub(crate) fn set_algorithm(&mut self, alg: &'static str) {
@@ -160,15 +307,18 @@ impl Recorder {
     pub(crate) fn done(&mut self) {
         if let Some(r) = self.newest() {
             r.state = RecState::Done;
+            if r.t0 != 0 {
+                r.t1 = ticks();
+            }
         }
     }
 
-    /// Ends the newest op as failed with `msg`. Only failures are
-    /// timestamped (the clock is not read on the hot path of every small op).
+    /// Ends the newest op as failed with `msg`. Failures are always
+    /// timestamped (untimed, the clock is not read on an op's path).
     pub(crate) fn failed(&mut self, msg: String) {
         let Some(r) = self.newest() else { return };
         r.state = RecState::Failed;
-        r.end_us = now_us();
+        r.t1 = ticks();
         let seq = r.seq;
         if self.failures.len() == CAPACITY {
             self.failures.pop_front();
@@ -178,18 +328,65 @@ impl Recorder {
 
     /// The recorded ops, oldest first.
     fn ops(&self) -> impl Iterator<Item = &Rec> {
-        let n = self.started.min(CAPACITY);
-        (self.started - n..self.started).filter_map(|i| self.ring[i % CAPACITY].as_ref())
+        let n = self.started.min(self.ring.len());
+        (self.started - n..self.started).filter_map(|i| self.ring[i & self.mask].as_ref())
+    }
+
+    /// The trace of rank `rank` of `ctx`'s communicator.
+    fn trace(&self, rank: usize, size: usize, ctx: &TuneCtx) -> Trace {
+        let rate = self.clock.rate();
+        let mut links: Vec<&str> = Vec::new();
+        for peer in (0..size).filter(|&p| p != rank) {
+            let l = match ctx.class(rank, peer) {
+                LinkClass::Local => "local",
+                LinkClass::Shm => "shm",
+                LinkClass::Tcp => "tcp",
+            };
+            if !links.contains(&l) {
+                links.push(l);
+            }
+        }
+        Trace {
+            rank,
+            size,
+            ops: self
+                .ops()
+                .map(|r| r.record(&self.failures, &self.clock, rate))
+                .collect(),
+            timed: self.timed,
+            host_of: ctx.host_of.clone(),
+            threads: ctx.threads,
+            links: links.join("+"),
+            model: Some(ctx.model),
+        }
+    }
+
+    /// Writes the trace of a communicator destroyed healthy, if its ops
+    /// were timed, to `dir` ([`Config::trace_dir`](crate::Config::trace_dir)).
+    /// A trace there from a larger communicator of the same rank (this
+    /// process's world, where this one is a split of it) is kept.
+    pub(crate) fn dump_at_end(&self, rank: usize, size: usize, dir: Option<&Path>, ctx: &TuneCtx) {
+        let Some(dir) = dir.filter(|_| self.timed && self.started > 0) else {
+            return;
+        };
+        let path = dir.join(format!("tutti-trace-rank{rank}.json"));
+        #[derive(Deserialize)]
+        struct Size {
+            size: usize,
+        }
+        let larger = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Size>(&b).ok())
+            .is_some_and(|s| s.size > size);
+        if !larger {
+            write(dir, &path, &self.trace(rank, size, ctx));
+        }
     }
 
     /// Logs the record and writes it to `dir`
     /// ([`Config::trace_dir`](crate::Config::trace_dir), `TUTTI_TRACE_DIR`), if any.
-    pub(crate) fn dump(&self, rank: usize, size: usize, dir: Option<&Path>) {
-        let t = Trace {
-            rank,
-            size,
-            ops: self.ops().map(|r| r.record(&self.failures)).collect(),
-        };
+    pub(crate) fn dump(&self, rank: usize, size: usize, dir: Option<&Path>, ctx: &TuneCtx) {
+        let t = self.trace(rank, size, ctx);
         let shown = t.ops.len().saturating_sub(8);
         for r in &t.ops[shown..] {
             tracing::error!(
@@ -205,23 +402,31 @@ impl Recorder {
             );
         }
         if let Some(dir) = dir {
-            let path = dir.join(format!("tutti-trace-rank{rank}.json"));
-            let _ = std::fs::create_dir_all(dir);
-            match serde_json::to_vec_pretty(&t) {
-                Ok(b) => {
-                    // Write aside, then rename: a rank killed mid-write
-                    // leaves no half file for `analyze` to trip on.
-                    let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
-                    if let Err(e) =
-                        std::fs::write(&tmp, b).and_then(|_| std::fs::rename(&tmp, &path))
-                    {
-                        tracing::error!("cannot write {}: {e}", path.display());
-                        let _ = std::fs::remove_file(&tmp);
-                    }
-                }
-                Err(e) => tracing::error!("cannot serialise the flight recorder: {e}"),
+            write(dir, &dir.join(format!("tutti-trace-rank{rank}.json")), &t);
+        }
+    }
+}
+
+/// Writes `t` to `path` in `dir`: pretty when short (a failure's record, to
+/// be read by people), compact when long (a timed run's, for `explain`).
+fn write(dir: &Path, path: &Path, t: &Trace) {
+    let _ = std::fs::create_dir_all(dir);
+    let b = if t.ops.len() <= CAPACITY {
+        serde_json::to_vec_pretty(t)
+    } else {
+        serde_json::to_vec(t)
+    };
+    match b {
+        Ok(b) => {
+            // Write aside, then rename: a rank killed mid-write
+            // leaves no half file for `analyze` to trip on.
+            let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
+            if let Err(e) = std::fs::write(&tmp, b).and_then(|_| std::fs::rename(&tmp, path)) {
+                tracing::error!("cannot write {}: {e}", path.display());
+                let _ = std::fs::remove_file(&tmp);
             }
         }
+        Err(e) => tracing::error!("cannot serialise the flight recorder: {e}"),
     }
 }
 

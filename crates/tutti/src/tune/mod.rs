@@ -9,6 +9,7 @@ pub(crate) mod calibrate;
 mod candidates;
 pub mod cost;
 pub mod fabric;
+pub mod fabric_price;
 pub mod online;
 mod price;
 mod select;
@@ -21,7 +22,8 @@ pub(crate) use candidates::candidates;
 pub use candidates::{CMA_TWIN_BYTES, STREAM_MIN_BYTES};
 pub use cost::{CostModel, LinkClass, LinkCost};
 pub use price::{
-    best_chunks, choose, choose_with, rank_algorithms, rank_among, CHUNK_CHOICES, HIER_SLACK,
+    best_chunks, choose, choose_with, rank_algorithms, rank_among, search_chunks, CHUNK_CHOICES,
+    HIER_SLACK,
 };
 pub(crate) use select::select;
 

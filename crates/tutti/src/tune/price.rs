@@ -95,17 +95,37 @@ pub(super) fn price(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> 
 /// `alg` on `p` with its best chunk count from [`CHUNK_CHOICES`], or `None`
 /// if `alg` does not implement `p`'s collective.
 pub fn best_chunks(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> Option<Choice> {
+    let (chunks, us) = search_chunks(p, elem, alg, |q| price(q, elem, ctx, alg), |&t| t)?;
+    Some(Choice {
+        algorithm: alg,
+        chunks,
+        us,
+        stream: false,
+        cma: false,
+    })
+}
+
+/// The chunk-count rule every pricer shares: the tuner's [`best_chunks`],
+/// and [`fabric_price::best_chunks`](super::fabric_price::best_chunks) for
+/// `tutti sim` and `tutti explain`. `price` prices `p` with the chunk
+/// count it is given ([`Problem::chunks`]); `us` reads a price's time.
+/// Tried: 1 chunk; then, for calls of at least two `MIN_CHUNK_BYTES` (16 KiB)
+/// chunks and algorithms whose schedule changes with the chunk count (not
+/// the ring), every count of [`CHUNK_CHOICES`] whose chunks stay that
+/// large. A finer cut must win by 3%. Returns the count and its price, or
+/// `None` if the 1-chunk price is `None` (`alg` does not implement it).
+pub fn search_chunks<T>(
+    p: &Problem,
+    elem: usize,
+    alg: Algorithm,
+    mut price: impl FnMut(&Problem) -> Option<T>,
+    us: impl Fn(&T) -> f64,
+) -> Option<(usize, T)> {
     let mut q = Problem {
         chunks: 1,
         ..p.clone()
     };
-    let mut best = Choice {
-        algorithm: alg,
-        chunks: 1,
-        us: price(&q, elem, ctx, alg)?,
-        stream: false,
-        cma: false,
-    };
+    let mut best = (1, price(&q)?);
     let bytes = p.count * elem;
     // The ring cuts its own pieces, to save memory traffic the model does
     // not count (`algo/ring.rs`, `Pieces`).
@@ -124,16 +144,10 @@ pub fn best_chunks(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> O
             break;
         }
         q.chunks = k;
-        if let Some(t) = price(&q, elem, ctx, alg) {
+        if let Some(t) = price(&q) {
             // A finer cut must win clearly: more messages, more to go wrong.
-            if t < best.us * 0.97 {
-                best = Choice {
-                    algorithm: alg,
-                    chunks: k,
-                    us: t,
-                    stream: false,
-                    cma: false,
-                };
+            if us(&t) < us(&best.1) * 0.97 {
+                best = (k, t);
             }
         }
     }
@@ -189,10 +203,18 @@ pub fn choose_with(p: &Problem, elem: usize, ctx: &TuneCtx) -> Choice {
 
 /// Where in `v` (cheapest first) [`choose_with`]'s pick is, if `v` has any.
 pub(super) fn model_pick(v: &[Choice]) -> Option<usize> {
-    let best = v.first()?;
+    pick_among(v, |c| (c.algorithm, c.us))
+}
+
+/// Where in `v` (cheapest first; `of` reads an entry's algorithm and time)
+/// the model's pick is: the first hierarchical schedule priced within
+/// [`HIER_SLACK`] of the cheapest, else the cheapest.
+pub(super) fn pick_among<T>(v: &[T], of: impl Fn(&T) -> (Algorithm, f64)) -> Option<usize> {
+    let best = of(v.first()?).1;
     Some(
         v.iter()
-            .position(|c| c.algorithm.is_hierarchical() && c.us <= best.us * (1.0 + HIER_SLACK))
+            .map(of)
+            .position(|(a, us)| a.is_hierarchical() && us <= best * (1.0 + HIER_SLACK))
             .unwrap_or(0),
     )
 }
