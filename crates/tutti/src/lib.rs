@@ -47,10 +47,11 @@ pub mod tune;
 pub use algo::{Algorithm, CollKind, Collective};
 pub use bootstrap::{EnvInfo, UniqueId};
 pub use comm::{
-    Communicator, FusionOptions, GradSync, ManyWork, Options, P2pHandle, P2pOp, RawCall, RawP2p,
-    Received, SparseRoute, TopK, Work, DEFAULT_BUCKET_BYTES,
+    BucketOptions, Communicator, FusionOptions, GradSync, ManyWork, Options, P2pHandle, P2pOp,
+    RawCall, RawP2p, Received, SparseRoute, TopK, Work, DEFAULT_BUCKET_BYTES,
 };
 pub use config::Config;
+pub use engine::explain;
 pub use engine::recorder::{self as trace};
 pub use error::{Error, Result};
 pub use p2p::RecvStatus;

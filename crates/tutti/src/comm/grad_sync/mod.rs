@@ -14,9 +14,14 @@
 //! buckets, so no peer is left waiting, and the summed flag tells every
 //! rank the step's gradients are not an average.
 
-use super::{Communicator, Options, Work};
+mod bucket;
+
+pub use bucket::BucketOptions;
+
+use super::Communicator;
 use crate::error::{Error, Result};
-use crate::reduce::{DataType, ReduceOp};
+use crate::reduce::DataType;
+use bucket::{Bucket, Layout};
 
 /// The data-parallel gradient reducer: register the gradients in the order
 /// the model defines them (the backward pass produces them in reverse);
@@ -40,8 +45,13 @@ use crate::reduce::{DataType, ReduceOp};
 /// micro-step gradient of every rank. Call [`zero_grad`](GradSync::zero_grad)
 /// after the optimizer step.
 ///
+/// Per bucket, gradients travel as f32, on a 16-bit wire
+/// ([`wire`](GradSync::wire)) or as Top-K pairs with error feedback
+/// ([`top_k`](GradSync::top_k)); [`bucket_options`](GradSync::bucket_options)
+/// sets one bucket apart.
+///
 /// Every rank registers the same gradients (names and lengths) in the same
-/// order.
+/// order, with the same options.
 ///
 /// ```
 /// use tutti::{Communicator, GradSync};
@@ -73,8 +83,10 @@ pub struct GradSync<'c> {
     comm: &'c Communicator,
     bucket_bytes: usize,
     every: usize,
-    /// Every bucket's AllReduce options (the 16-bit wire).
-    call: Options,
+    /// Every bucket's options, unless `per_bucket` names it.
+    all: BucketOptions,
+    /// Options for single buckets, by bucket index.
+    per_bucket: Vec<(usize, BucketOptions)>,
     names: Vec<String>,
     lens: Vec<usize>,
     /// Laid out at first use; registration is closed from then on.
@@ -83,26 +95,6 @@ pub struct GradSync<'c> {
     steps: u64,
     /// Marked ready this step.
     ready: Vec<bool>,
-}
-
-#[derive(Debug)]
-struct Layout {
-    /// Tensor -> (bucket, offset in the bucket's vector).
-    place: Vec<(usize, usize)>,
-    buckets: Vec<Bucket>,
-    /// The first bucket not yet started this step.
-    next: usize,
-}
-
-#[derive(Debug)]
-struct Bucket {
-    /// Its tensors, in the order they are laid out.
-    tensors: Vec<usize>,
-    /// Its tensors not yet marked ready this step.
-    pending: usize,
-    /// The gradients plus the invalid flag; `None` while in flight.
-    data: Option<Vec<f32>>,
-    work: Option<Work<Vec<f32>>>,
 }
 
 impl<'c> GradSync<'c> {
@@ -121,7 +113,8 @@ impl<'c> GradSync<'c> {
             comm,
             bucket_bytes: super::fusion::DEFAULT_BUCKET_BYTES,
             every: 1,
-            call: Options::default(),
+            all: BucketOptions::default(),
+            per_bucket: Vec::new(),
             names: Vec::new(),
             lens: Vec::new(),
             layout: None,
@@ -144,7 +137,7 @@ impl<'c> GradSync<'c> {
     }
 
     /// This reducer with every bucket's AllReduce on the 16-bit wire
-    /// `wire` (bf16 or f16, [`Options::wire`]): half the bytes, each rank
+    /// `wire` (bf16 or f16, [`Options::wire`](crate::Options::wire)): half the bytes, each rank
     /// still adding in f32. Checked at the first bucket's AllReduce, where
     /// a type other than bf16 or f16 makes `wait` an error.
     ///
@@ -154,8 +147,94 @@ impl<'c> GradSync<'c> {
     /// # Ok::<(), tutti::Error>(())
     /// ```
     pub fn wire(mut self, wire: DataType) -> Self {
-        self.call.wire = Some(wire);
+        self.all.wire = Some(wire);
         self
+    }
+
+    /// This reducer with every bucket reduced by Top-K with error feedback
+    /// ([`BucketOptions::top_k`]): each rank sends the `ceil(ratio * len)`
+    /// entries of largest magnitude of each bucket (its gradients plus
+    /// what earlier steps held back) as (index, value) pairs, and keeps
+    /// the rest, added to the next step's gradients. `wait` leaves the
+    /// average of what the ranks sent. `ratio` must be in `(0, 1]`, and a
+    /// bucket cannot have both a wire and Top-K: checked at first use.
+    ///
+    /// ```
+    /// # let comms = tutti::Communicator::init_all(1)?;
+    /// let mut gs = tutti::GradSync::new(&comms[0]).top_k(0.001);
+    /// let w = gs.register("w", 1000)?;
+    /// gs.grad_mut(w)?[7] = 5.0;
+    /// gs.grad_mut(w)?[8] = 1.0;
+    /// gs.mark_ready(w)?;
+    /// gs.wait()?;
+    /// assert_eq!(&gs.grad(w)?[7..9], &[5.0, 0.0]); // 1 of 1000 sent
+    /// assert_eq!(gs.residual(w)?[8], 1.0); // the rest held back
+    /// # Ok::<(), tutti::Error>(())
+    /// ```
+    pub fn top_k(mut self, ratio: f64) -> Self {
+        self.all.top_k = Some(ratio);
+        self
+    }
+
+    /// This reducer with bucket `k` (see [`bucket_of`](GradSync::bucket_of);
+    /// bucket 0 holds the last registered gradients) reduced as `opts`
+    /// says, whatever [`wire`](GradSync::wire) and [`top_k`](GradSync::top_k)
+    /// say for the others. Checked at first use: `k` must be a bucket.
+    ///
+    /// ```
+    /// use tutti::{BucketOptions, DataType};
+    /// # let comms = tutti::Communicator::init_all(1)?;
+    /// // The large first bucket Top-K, the others on a bf16 wire.
+    /// let gs = tutti::GradSync::new(&comms[0])
+    ///     .wire(DataType::Bf16)
+    ///     .bucket_options(0, BucketOptions::dense().top_k(0.01));
+    /// # Ok::<(), tutti::Error>(())
+    /// ```
+    pub fn bucket_options(mut self, k: usize, opts: BucketOptions) -> Self {
+        self.per_bucket.retain(|(b, _)| *b != k);
+        self.per_bucket.push((k, opts));
+        self
+    }
+
+    /// Bucket `k`'s options (after [`bucket_options`](GradSync::bucket_options)).
+    fn options_of(&self, k: usize) -> BucketOptions {
+        self.per_bucket
+            .iter()
+            .find(|(b, _)| *b == k)
+            .map_or(self.all, |(_, o)| *o)
+    }
+
+    /// What Top-K has held back of gradient `i` so far (added to its next
+    /// sync), or an error if its bucket does not use Top-K or is in
+    /// flight.
+    ///
+    /// ```
+    /// # let comms = tutti::Communicator::init_all(1)?;
+    /// let mut gs = tutti::GradSync::new(&comms[0]).top_k(0.5);
+    /// let w = gs.register("w", 4)?;
+    /// gs.set_grad(w, &[1.0, -4.0, 3.0, 2.0])?;
+    /// gs.mark_ready(w)?;
+    /// gs.wait()?;
+    /// assert_eq!(gs.grad(w)?, &[0.0, -4.0, 3.0, 0.0]);
+    /// assert_eq!(gs.residual(w)?, &[1.0, 0.0, 0.0, 2.0]);
+    /// # Ok::<(), tutti::Error>(())
+    /// ```
+    pub fn residual(&mut self, i: usize) -> Result<&[f32]> {
+        self.index(i, "residual")?;
+        let len = self.lens[i];
+        let (k, at) = self.layout()?.place[i];
+        let name = &self.names[i];
+        let l = self.layout.as_ref().expect("laid out");
+        let b = &l.buckets[k];
+        match &b.topk {
+            Some(t) if b.data.is_some() => Ok(&t.residual[at..at + len]),
+            Some(_) => Err(Error::arg(format!(
+                "GradSync::residual: gradient '{name}' is being reduced: read it after wait()"
+            ))),
+            None => Err(Error::arg(format!(
+                "GradSync::residual: gradient '{name}' is in bucket {k}, which does not use Top-K"
+            ))),
+        }
     }
 
     /// This reducer communicating every `n`-th step only (gradient
@@ -247,23 +326,23 @@ impl<'c> GradSync<'c> {
                 }
                 filled += b;
             }
-            let buckets = groups
-                .into_iter()
-                .enumerate()
-                .map(|(k, tensors)| {
-                    let mut at = 0;
-                    for &i in &tensors {
-                        place[i] = (k, at);
-                        at += self.lens[i];
-                    }
-                    Bucket {
-                        pending: tensors.len(),
-                        tensors,
-                        data: Some(vec![0.0; at + 1]),
-                        work: None,
-                    }
-                })
-                .collect();
+            if let Some(&(k, _)) = self.per_bucket.iter().find(|(k, _)| *k >= groups.len()) {
+                return Err(Error::arg(format!(
+                    "GradSync: bucket_options names bucket {k}, but there are {} buckets",
+                    groups.len()
+                )));
+            }
+            let mut buckets = Vec::with_capacity(groups.len());
+            for (k, tensors) in groups.into_iter().enumerate() {
+                let opts = self.options_of(k);
+                opts.check(k)?;
+                let mut at = 0;
+                for &i in &tensors {
+                    place[i] = (k, at);
+                    at += self.lens[i];
+                }
+                buckets.push(Bucket::new(tensors, at, &opts)?);
+            }
             self.layout = Some(Layout {
                 place,
                 buckets,
@@ -426,7 +505,7 @@ impl<'c> GradSync<'c> {
         let l = self.layout.as_mut().expect("laid out");
         l.buckets[k].pending -= 1;
         if syncs {
-            l.start_ready(comm, false, &self.call);
+            l.start_ready(comm, false);
         }
         Ok(())
     }
@@ -460,7 +539,7 @@ impl<'c> GradSync<'c> {
     }
 
     /// True if bucket `k`'s AllReduce has been issued this step (its
-    /// [`Work`] exists); false once `wait` has ended the step.
+    /// [`Work`](crate::Work) exists); false once `wait` has ended the step.
     ///
     /// ```
     /// # let comms = tutti::Communicator::init_all(1)?;
@@ -473,7 +552,7 @@ impl<'c> GradSync<'c> {
     /// # Ok::<(), tutti::Error>(())
     /// ```
     pub fn started(&self, k: usize) -> bool {
-        self.bucket(k).is_some_and(|b| b.work.is_some())
+        self.bucket(k).is_some_and(|b| b.flight.is_some())
     }
 
     /// True if bucket `k`'s AllReduce has been issued this step and has
@@ -490,8 +569,8 @@ impl<'c> GradSync<'c> {
     /// ```
     pub fn done(&self, k: usize) -> bool {
         self.bucket(k)
-            .and_then(|b| b.work.as_ref())
-            .is_some_and(|w| w.is_done())
+            .and_then(|b| b.flight.as_ref())
+            .is_some_and(|f| f.is_done())
     }
 
     fn bucket(&self, k: usize) -> Option<&Bucket> {
@@ -536,7 +615,7 @@ impl<'c> GradSync<'c> {
         let l = self.layout.as_mut().expect("laid out");
         if syncs {
             // Issue what is left (all of it if this step is invalid here).
-            l.start_ready(comm, local.is_some(), &self.call);
+            l.start_ready(comm, local.is_some());
         }
         l.next = 0;
         for b in &mut l.buckets {
@@ -547,26 +626,19 @@ impl<'c> GradSync<'c> {
         }
         let (mut first, mut invalid) = (None, 0f32);
         for b in &mut l.buckets {
-            let Some(w) = b.work.take() else { continue };
-            match w.wait() {
-                Ok(v) => {
-                    invalid = invalid.max(v[v.len() - 1]);
-                    b.data = Some(v);
-                }
-                Err(e) => {
+            match b.finish() {
+                Some(Ok(flag)) => invalid = invalid.max(flag),
+                Some(Err(e)) => {
                     first.get_or_insert(e);
                 }
+                None => {}
             }
         }
+        let failed = first.is_some() || local.is_some() || invalid > 0.0;
+        for b in &mut l.buckets {
+            b.settle(failed);
+        }
         if let Some(e) = first {
-            // The vectors of failed ops are gone with their Work: keep the
-            // layout usable with zeroed gradients.
-            for b in &mut l.buckets {
-                if b.data.is_none() {
-                    let n: usize = b.tensors.iter().map(|&i| self.lens[i]).sum();
-                    b.data = Some(vec![0.0; n + 1]);
-                }
-            }
             return Err(e);
         }
         if let Some(e) = local {
@@ -609,22 +681,5 @@ impl<'c> GradSync<'c> {
             }
         }
         Ok(())
-    }
-}
-
-impl Layout {
-    /// Starts, in bucket order, every bucket from `next` whose gradients
-    /// are all ready (every remaining one if `force`, flagged invalid).
-    fn start_ready(&mut self, comm: &Communicator, force: bool, call: &Options) {
-        while let Some(b) = self.buckets.get_mut(self.next) {
-            if b.pending > 0 && !force {
-                break;
-            }
-            let mut d = b.data.take().expect("a bucket starts once per step");
-            let n = d.len();
-            d[n - 1] = if force && b.pending > 0 { 1.0 } else { 0.0 };
-            b.work = Some(comm.all_reduce_async_with(d, ReduceOp::Sum, call));
-            self.next += 1;
-        }
     }
 }

@@ -1,0 +1,361 @@
+//! [`GradSync`](super::GradSync)'s buckets: the layout, and one bucket's
+//! reduction per step, dense (f32 or a 16-bit wire) or Top-K with error
+//! feedback.
+//!
+//! A Top-K bucket adds its residual to the gradients, keeps the
+//! `ceil(ratio * len)` entries of largest magnitude ([`TopK`]'s selection)
+//! and holds the rest back as the new residual. `k` is a function of the
+//! bucket's length, so every rank sends exactly `k` pairs plus one for the
+//! invalid flag (index `len`): no agreement round is needed, and the route
+//! ([`Communicator::sparse_route`]) is the same on every rank. The gather
+//! route AllGathers the pairs asynchronously and adds them up in rank order
+//! at `wait`; the dense route scatters them into the bucket's vector and
+//! AllReduces it. If the step turns out invalid (a rank's gradients not
+//! all marked ready, or an op failed), what was sent goes back into the
+//! residual: nothing is lost.
+
+use super::super::{Communicator, Options, SparseRoute, TopK, Work};
+use crate::error::{Error, Result};
+use crate::reduce::{DataType, ReduceOp};
+
+/// Padding index in a gathered block: no element.
+const PAD: u32 = u32::MAX;
+
+/// How one bucket's gradients travel: f32 (the default), on a 16-bit wire,
+/// or Top-K with error feedback. Set for every bucket with
+/// [`GradSync::wire`](super::GradSync::wire) and
+/// [`GradSync::top_k`](super::GradSync::top_k), for one bucket with
+/// [`GradSync::bucket_options`](super::GradSync::bucket_options).
+///
+/// ```
+/// use tutti::{BucketOptions, DataType};
+/// let dense = BucketOptions::dense();
+/// let wire = BucketOptions::dense().wire(DataType::Bf16);
+/// let sparse = BucketOptions::dense().top_k(0.01);
+/// assert_ne!(wire, sparse);
+/// # let _ = dense;
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BucketOptions {
+    /// The 16-bit wire type (bf16 or f16), if any.
+    pub wire: Option<DataType>,
+    /// The Top-K ratio in `(0, 1]`, if any (error feedback is always on).
+    pub top_k: Option<f64>,
+}
+
+impl BucketOptions {
+    /// f32 on the wire, every element sent.
+    pub fn dense() -> Self {
+        Self::default()
+    }
+
+    /// These options with the 16-bit wire `wire` ([`Options::wire`]).
+    pub fn wire(self, wire: DataType) -> Self {
+        BucketOptions {
+            wire: Some(wire),
+            ..self
+        }
+    }
+
+    /// These options with Top-K: send the `ceil(ratio * len)` largest
+    /// entries (by magnitude) of the bucket, keep the rest for the next
+    /// step (error feedback).
+    pub fn top_k(self, ratio: f64) -> Self {
+        BucketOptions {
+            top_k: Some(ratio),
+            ..self
+        }
+    }
+
+    /// The rules: a ratio in `(0, 1]`, not both a wire and Top-K.
+    pub(super) fn check(&self, k: usize) -> Result<()> {
+        if let Some(r) = self.top_k {
+            if !(r > 0.0 && r <= 1.0) {
+                return Err(Error::arg(format!(
+                    "GradSync: bucket {k}: Top-K ratio {r} must be in (0, 1]"
+                )));
+            }
+            if let Some(w) = self.wire {
+                return Err(Error::arg(format!(
+                    "GradSync: bucket {k}: a {w:?} wire and Top-K on the same bucket are not \
+                     supported: Top-K sends f32 (index, value) pairs; choose one"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Layout {
+    /// Tensor -> (bucket, offset in the bucket's vector).
+    pub place: Vec<(usize, usize)>,
+    pub buckets: Vec<Bucket>,
+    /// The first bucket not yet started this step.
+    pub next: usize,
+}
+
+#[derive(Debug)]
+pub(super) struct Bucket {
+    /// Its tensors, in the order they are laid out.
+    pub tensors: Vec<usize>,
+    /// Its tensors not yet marked ready this step.
+    pub pending: usize,
+    /// Gradient elements (the vector has one more: the invalid flag).
+    pub len: usize,
+    /// The gradients plus the invalid flag; `None` while in flight.
+    pub data: Option<Vec<f32>>,
+    pub flight: Option<Flight>,
+    /// The AllReduce options of a dense bucket (its wire).
+    pub call: Options,
+    pub topk: Option<TopKState>,
+}
+
+#[derive(Debug)]
+pub(super) struct TopKState {
+    /// Its `k` (its own residual unused: error feedback is here).
+    select: TopK,
+    pub residual: Vec<f32>,
+    /// This step's pairs, until the step ends.
+    sent: Option<(Vec<u32>, Vec<f32>)>,
+}
+
+#[derive(Debug)]
+pub(super) enum Flight {
+    Reduce(Work<Vec<f32>>),
+    Gather {
+        work: Work<(Vec<u32>, Vec<u32>)>,
+        data: Vec<f32>,
+        k: usize,
+    },
+}
+
+impl Flight {
+    pub fn is_done(&self) -> bool {
+        match self {
+            Flight::Reduce(w) => w.is_done(),
+            Flight::Gather { work, .. } => work.is_done(),
+        }
+    }
+}
+
+impl Bucket {
+    pub fn new(tensors: Vec<usize>, len: usize, opts: &BucketOptions) -> Result<Bucket> {
+        let topk = match opts.top_k {
+            Some(ratio) => Some(TopKState {
+                select: TopK::new(len, ratio, false)?,
+                residual: vec![0.0; len],
+                sent: None,
+            }),
+            None => None,
+        };
+        Ok(Bucket {
+            pending: tensors.len(),
+            tensors,
+            len,
+            data: Some(vec![0.0; len + 1]),
+            flight: None,
+            call: Options {
+                wire: opts.wire,
+                ..Options::default()
+            },
+            topk,
+        })
+    }
+
+    /// Issues this step's reduction; `invalid` sets the flag (and a Top-K
+    /// bucket then sends nothing and keeps its residual).
+    fn start(&mut self, comm: &Communicator, invalid: bool) {
+        let mut d = self.data.take().expect("a bucket starts once per step");
+        let n = self.len;
+        let flag = if invalid { 1.0 } else { 0.0 };
+        let Some(t) = &mut self.topk else {
+            d[n] = flag;
+            self.flight = Some(Flight::Reduce(comm.all_reduce_async_with(
+                d,
+                ReduceOp::Sum,
+                &self.call,
+            )));
+            return;
+        };
+        let (idx, val) = if invalid {
+            (Vec::new(), Vec::new())
+        } else {
+            for (g, r) in d[..n].iter_mut().zip(&t.residual) {
+                *g += r;
+            }
+            let idx = top_k_indices(&d[..n], t.select.k());
+            let val: Vec<f32> = idx.iter().map(|&i| d[i as usize]).collect();
+            t.residual.copy_from_slice(&d[..n]);
+            for &i in &idx {
+                t.residual[i as usize] = 0.0;
+            }
+            (idx, val)
+        };
+        let k = t.select.k();
+        self.flight = Some(match comm.sparse_route(k + 1, n + 1) {
+            SparseRoute::Gather => {
+                // A block: k + 1 indices, then k + 1 values (their bits);
+                // the last pair is the flag.
+                let mut mine = vec![PAD; 2 * (k + 1)];
+                mine[..idx.len()].copy_from_slice(&idx);
+                mine[k] = n as u32;
+                for (j, v) in val.iter().enumerate() {
+                    mine[k + 1 + j] = v.to_bits();
+                }
+                mine[2 * k + 1] = flag.to_bits();
+                let all = vec![0u32; comm.size() * 2 * (k + 1)];
+                Flight::Gather {
+                    work: comm.all_gather_async(mine, all),
+                    data: d,
+                    k,
+                }
+            }
+            SparseRoute::Dense => {
+                d.fill(0.0);
+                for (&i, &v) in idx.iter().zip(&val) {
+                    d[i as usize] = v;
+                }
+                d[n] = flag;
+                Flight::Reduce(comm.all_reduce_async(d, ReduceOp::Sum))
+            }
+        });
+        t.sent = Some((idx, val));
+    }
+
+    /// Waits for this step's reduction and puts the sums back in `data`
+    /// (zeros if the op failed); returns the summed invalid flag. `None`
+    /// if nothing was issued.
+    pub fn finish(&mut self) -> Option<Result<f32>> {
+        let n = self.len;
+        let r = match self.flight.take()? {
+            Flight::Reduce(w) => w.wait(),
+            Flight::Gather { work, mut data, k } => work.wait().map(|(_, all)| {
+                data.fill(0.0);
+                // Every rank adds in rank order, so all get the same bits.
+                for block in all.chunks_exact(2 * (k + 1)) {
+                    let (idx, val) = block.split_at(k + 1);
+                    for (&i, &v) in idx.iter().zip(val) {
+                        if i != PAD {
+                            data[i as usize] += f32::from_bits(v);
+                        }
+                    }
+                }
+                data
+            }),
+        };
+        Some(match r {
+            Ok(d) => {
+                let flag = d[n];
+                self.data = Some(d);
+                Ok(flag)
+            }
+            Err(e) => {
+                self.data = Some(vec![0.0; n + 1]);
+                Err(e)
+            }
+        })
+    }
+
+    /// Ends a Top-K bucket's step: on a failed step, what was sent goes
+    /// back into the residual.
+    pub fn settle(&mut self, failed: bool) {
+        if let Some(t) = &mut self.topk {
+            if let Some((idx, val)) = t.sent.take() {
+                if failed {
+                    for (&i, &v) in idx.iter().zip(&val) {
+                        t.residual[i as usize] += v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The indices of the `k` entries of `acc` of largest magnitude, ascending
+/// (ties broken arbitrarily). One pass, not a selection over the whole
+/// vector: a threshold from a strided sample below which at most `k` of the
+/// largest can lie is checked by counting, and the exact selection then
+/// runs on the few candidates above it (the full selection if the sample
+/// misjudged).
+fn top_k_indices(acc: &[f32], k: usize) -> Vec<u32> {
+    let n = acc.len();
+    let full = |cands: Vec<u32>| -> Vec<u32> {
+        let mut order = cands;
+        if k < order.len() {
+            order.select_nth_unstable_by(k, |&a, &b| {
+                acc[b as usize].abs().total_cmp(&acc[a as usize].abs())
+            });
+            order.truncate(k);
+        }
+        order.sort_unstable();
+        order
+    };
+    if k == 0 {
+        return Vec::new();
+    }
+    if n < 8192 || k * 8 > n {
+        return full((0..n as u32).collect());
+    }
+    // A sample of 4096; the threshold sits at twice the wanted fraction.
+    let step = n / 4096;
+    let mut sample: Vec<f32> = (0..4096).map(|j| acc[j * step].abs()).collect();
+    let above = ((2 * k * 4096).div_ceil(n)).clamp(1, 4095);
+    let (_, t, _) = sample.select_nth_unstable_by(4096 - above, f32::total_cmp);
+    let t = *t;
+    let cands: Vec<u32> = (0..n as u32)
+        .filter(|&i| acc[i as usize].abs() >= t)
+        .collect();
+    if cands.len() < k || cands.len() > 16 * k {
+        return full((0..n as u32).collect());
+    }
+    full(cands)
+}
+
+impl Layout {
+    /// Starts, in bucket order, every bucket from `next` whose gradients
+    /// are all ready (every remaining one if `force`, flagged invalid).
+    pub fn start_ready(&mut self, comm: &Communicator, force: bool) {
+        while let Some(b) = self.buckets.get_mut(self.next) {
+            if b.pending > 0 && !force {
+                break;
+            }
+            let invalid = force && b.pending > 0;
+            b.start(comm, invalid);
+            self.next += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_k_indices;
+
+    /// The sampled threshold selects the same set as a full selection
+    /// (distinct magnitudes), for long vectors and a range of k.
+    #[test]
+    fn sampled_selection_is_exact() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let acc: Vec<f32> = (0..100_000)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let m = (x >> 40) as f32 + i as f32 * 1e-3;
+                if x & 1 == 0 {
+                    m
+                } else {
+                    -m
+                }
+            })
+            .collect();
+        for k in [1, 10, 100, 1000, 5000, 20_000, 100_000] {
+            let got = top_k_indices(&acc, k);
+            let mut order: Vec<u32> = (0..acc.len() as u32).collect();
+            order.sort_by(|&a, &b| acc[b as usize].abs().total_cmp(&acc[a as usize].abs()));
+            let mut want = order[..k].to_vec();
+            want.sort_unstable();
+            assert_eq!(got, want, "k = {k}");
+        }
+    }
+}
