@@ -83,6 +83,14 @@ typedef struct tuttiConfig_t {
   int64_t timeoutMs;
   // An algorithm to force ([`tuttiAlgoAuto`]: the tuner decides).
   tuttiAlgo_t algorithm;
+  // The type float32 gradients travel as between ranks:
+  // [`tuttiBfloat16`] or [`tuttiFloat16`] for a 16-bit wire, which
+  // halves the bytes and still adds in float32 at every hop (docs/training.md);
+  // [`TUTTI_WIRE_NATIVE`] (the default): every call moves its own type.
+  // It applies to the float32 `tuttiSum`/`tuttiAvg` AllReduce,
+  // ReduceScatter and Reduce of this communicator; its other calls run
+  // as they would without it.
+  tuttiDataType_t wireType;
 } tuttiConfig_t;
 
 // The call succeeded.
@@ -205,6 +213,9 @@ typedef struct tuttiConfig_t {
 
 // Direct reduce-scatter then all-gather.
 #define tuttiAlgoTwoShot 7
+
+// [`tuttiConfig_t::wireType`]'s default: data travels as its own type.
+#define TUTTI_WIRE_NATIVE -1
 
 #ifdef __cplusplus
 extern "C" {
@@ -570,4 +581,5 @@ tuttiResult_t tuttiQueueDestroy(tuttiQueue_t queue);
 
 /* A config with every field at its default; copy it, then change fields. */
 #define TUTTI_CONFIG_INITIALIZER \
-  { sizeof(tuttiConfig_t), TUTTI_CONFIG_MAGIC, TUTTI_VERSION_CODE, 0, tuttiAlgoAuto }
+  { sizeof(tuttiConfig_t), TUTTI_CONFIG_MAGIC, TUTTI_VERSION_CODE, 0, tuttiAlgoAuto, \
+    TUTTI_WIRE_NATIVE }

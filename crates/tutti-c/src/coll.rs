@@ -163,7 +163,7 @@ impl<'a> Check<'a> {
                 let c = &self.c;
                 // SAFETY: the buffers were checked against the counts, and
                 // the caller promises they stay valid until the call returns.
-                return unsafe { c.comm.run_raw(call, &c.opts) }
+                return unsafe { c.comm.run_raw(call, c.opts_for(call)) }
                     .map_err(|e| Failure::of(c, self.name, &e));
             }
         }

@@ -7,13 +7,14 @@ use crate::*;
 use std::ffi::CStr;
 use std::sync::Arc;
 use std::time::Duration;
-use tutti::{Algorithm, Communicator, Config, Options, UniqueId};
+use tutti::{Algorithm, Communicator, Config, DataType, Options, UniqueId};
 
-/// What a caller's config asks for: a deadline and an algorithm.
+/// What a caller's config asks for: a deadline, an algorithm, a wire type.
 #[derive(Default)]
 struct Wanted {
     timeout: Option<Duration>,
     algorithm: Option<Algorithm>,
+    wire: Option<DataType>,
 }
 
 /// Reads the fields of `*cfg` that the caller's struct has.
@@ -71,6 +72,21 @@ unsafe fn read_config(cfg: *const tuttiConfig_t, call: &str) -> Result<Wanted, F
             }
         };
     }
+    if has(offset_of!(tuttiConfig_t, wireType) + size_of::<c_int>()) {
+        // SAFETY: within the caller's struct, as its size says.
+        let t = unsafe { std::ptr::addr_of!((*cfg).wireType).read_unaligned() };
+        w.wire = match t {
+            TUTTI_WIRE_NATIVE => None,
+            tuttiBfloat16 => Some(DataType::Bf16),
+            tuttiFloat16 => Some(DataType::F16),
+            _ => {
+                return Err(Failure::arg(format!(
+                    "{call}: config->wireType {t} is not a wire type; allowed: tuttiBfloat16, \
+                     tuttiFloat16 or TUTTI_WIRE_NATIVE"
+                )))
+            }
+        };
+    }
     Ok(w)
 }
 
@@ -96,7 +112,7 @@ fn opts_for(w: &Wanted) -> Options {
     Options {
         algorithm: None,
         timeout: w.timeout,
-        wire: None,
+        wire: w.wire,
     }
 }
 
@@ -308,7 +324,7 @@ pub unsafe extern "C" fn tuttiCommSplit(
                 .split(color, key as i64)
                 .map_err(|e| Failure::of(c, CALL, &e))?;
             let opts = if config.is_null() {
-                c.opts
+                c.config_opts()
             } else {
                 opts_for(&w)
             };
@@ -382,7 +398,7 @@ pub unsafe extern "C" fn tuttiCommShrink(
             }
             let s = c.comm.shrink(&dead).map_err(|e| Failure::of(c, CALL, &e))?;
             let opts = if config.is_null() {
-                c.opts
+                c.config_opts()
             } else {
                 opts_for(&w)
             };

@@ -61,6 +61,7 @@ pub(crate) unsafe fn all_reduce(
     Some(guard("tuttiAllReduce", Some(c), || {
         // SAFETY: both buffers hold `len` bytes (the caller's promise),
         // are not NULL, and are the same or disjoint.
-        unsafe { c.comm.run_raw(&call, &c.opts) }.map_err(|e| Failure::of(c, "tuttiAllReduce", &e))
+        unsafe { c.comm.run_raw(&call, c.opts_for(&call)) }
+            .map_err(|e| Failure::of(c, "tuttiAllReduce", &e))
     }))
 }

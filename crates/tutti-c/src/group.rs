@@ -79,7 +79,7 @@ impl Op {
         let r = match &self.kind {
             // SAFETY: the buffers were checked against the counts, and the
             // caller promises they stay valid until the call returns.
-            Kind::Coll(call) => unsafe { c.comm.run_raw(call, &c.opts) },
+            Kind::Coll(call) => unsafe { c.comm.run_raw(call, c.opts_for(call)) },
             Kind::P2p(p) => {
                 // SAFETY: as above.
                 let mut w = unsafe { c.comm.post_p2p_raw(&[*p], c.opts.timeout) };
@@ -155,7 +155,7 @@ fn run_batch(ops: Vec<Op>, queued: bool) -> Result<(), Failure> {
             let c = &op.comm;
             // SAFETY: the buffers were checked, and the caller promises they
             // stay valid until the group completes; we wait below.
-            works[i] = Some(unsafe { c.comm.submit_raw(call, &c.opts) });
+            works[i] = Some(unsafe { c.comm.submit_raw(call, c.opts_for(call)) });
         }
     }
     // Then each communicator's sends and receives in one batch.

@@ -16,13 +16,17 @@ use std::ffi::{c_char, CStr, CString};
 use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
-use tutti::{Communicator, Error, Options};
+use tutti::{Collective, Communicator, DataType, Error, Options, RawCall, ReduceOp};
 
 /// A communicator (opaque): one rank's membership of a group.
 pub struct tuttiComm {
     pub(crate) comm: Communicator,
-    /// Per-call options from the config (algorithm, deadline).
+    /// Per-call options from the config (algorithm, deadline), without
+    /// its wire type.
     pub(crate) opts: Options,
+    /// `opts` with the config's 16-bit wire (`tuttiConfig_t::wireType`),
+    /// for the calls it applies to ([`tuttiComm::opts_for`]).
+    wire: Option<Options>,
     /// The last error of a call on this communicator.
     last: Mutex<String>,
     /// The first error of an operation that ran on a queue, for
@@ -38,11 +42,42 @@ impl tuttiComm {
     pub(crate) fn into_handle(comm: Communicator, opts: Options) -> tuttiComm_t {
         let c = Arc::new(tuttiComm {
             comm,
-            opts,
+            opts: Options { wire: None, ..opts },
+            wire: opts.wire.map(|_| opts),
             last: Mutex::new(String::new()),
             async_err: Mutex::new(None),
         });
         Arc::into_raw(c) as tuttiComm_t
+    }
+
+    /// The options of this communicator's config, its wire included (what
+    /// a split or a shrink without a config of its own inherits).
+    pub(crate) fn config_opts(&self) -> Options {
+        self.wire.unwrap_or(self.opts)
+    }
+
+    /// The options `call` runs with: with the config's wire type for a
+    /// float32 sum or average AllReduce, ReduceScatter or Reduce (the
+    /// calls a 16-bit wire applies to: gradients), else without it, so one
+    /// communicator carries both its gradients on the wire and its other
+    /// calls (integers, Broadcast, a max) as they are.
+    #[inline(always)]
+    pub(crate) fn opts_for(&self, call: &RawCall) -> &Options {
+        match &self.wire {
+            Some(w)
+                if call.dtype == DataType::F32
+                    && matches!(call.op, ReduceOp::Sum | ReduceOp::Avg)
+                    && matches!(
+                        call.coll,
+                        Collective::AllReduce
+                            | Collective::ReduceScatter
+                            | Collective::Reduce { .. }
+                    ) =>
+            {
+                w
+            }
+            _ => &self.opts,
+        }
     }
 
     /// Records `msg` as this communicator's (and this thread's) last error.

@@ -136,6 +136,8 @@ pub const TUTTI_VERSION_CODE: c_int = TUTTI_MAJOR * 10000 + TUTTI_MINOR * 100 + 
 pub const TUTTI_UNIQUE_ID_BYTES: usize = 128;
 /// Pass as `color` to [`tuttiCommSplit`] to get no new communicator.
 pub const TUTTI_SPLIT_NOCOLOR: c_int = -1;
+/// [`tuttiConfig_t::wireType`]'s default: data travels as its own type.
+pub const TUTTI_WIRE_NATIVE: tuttiDataType_t = -1;
 /// Marks an initialized [`tuttiConfig_t`].
 pub const TUTTI_CONFIG_MAGIC: u32 = 0x7475_7474;
 
@@ -166,6 +168,14 @@ pub struct tuttiConfig_t {
     pub timeoutMs: i64,
     /// An algorithm to force ([`tuttiAlgoAuto`]: the tuner decides).
     pub algorithm: tuttiAlgo_t,
+    /// The type float32 gradients travel as between ranks:
+    /// [`tuttiBfloat16`] or [`tuttiFloat16`] for a 16-bit wire, which
+    /// halves the bytes and still adds in float32 at every hop (docs/training.md);
+    /// [`TUTTI_WIRE_NATIVE`] (the default): every call moves its own type.
+    /// It applies to the float32 `tuttiSum`/`tuttiAvg` AllReduce,
+    /// ReduceScatter and Reduce of this communicator; its other calls run
+    /// as they would without it.
+    pub wireType: tuttiDataType_t,
 }
 
 /// Writes the library's version, [`TUTTI_VERSION_CODE`], to `*version`.

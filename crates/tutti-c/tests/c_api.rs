@@ -206,6 +206,17 @@ fn every_collective_and_type_on_1_to_4_ranks() {
 }
 
 #[test]
+fn a_config_wire_carries_float_sums_as_bf16_and_the_rest_exactly() {
+    let prog = built("cc", "wire.c", "wire", &["-std=c11"]);
+    for n in 2..=3 {
+        let out = tutti_run(n, &prog, &[], &[]);
+        for r in 0..n {
+            assert!(out.contains(&format!("OK wire {r}/{n}")), "{out}");
+        }
+    }
+}
+
+#[test]
 fn bad_arguments_are_errors_and_abort_frees_a_blocked_thread() {
     let prog = built(
         "cc",
