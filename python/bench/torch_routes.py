@@ -14,7 +14,10 @@ one route, then on the other, alternating which goes first; per call = elapsed /
 the maximum over ranks. Prints every round and the median and range per route, blocking
 (``async_op=False``) and asynchronous (``async_op=True`` then ``wait()``).
 
-    flock /work/bench.lock python bench/torch_routes.py [--nproc 2] [--rounds 7] [--iters 3000]
+    flock /work/bench.lock python bench/torch_routes.py [--nproc 2] [--rounds 7] [--iters 3000] [--fr]
+
+``--fr`` adds a third group, the Backend route created with ``TORCH_FR_BUFFER_SIZE=0``
+(torch then attaches no FlightRecorderHook to it): the flight recorder's per-call cost.
 """
 import argparse
 import os
@@ -38,10 +41,17 @@ def worker(rank, n, port, args, q):
     ranks = list(range(n))
     groups = {"ProcessGroup": dist.new_group(ranks, backend="tutti"),
               "Backend": dist.new_group(ranks, backend="cpu:tutti")}
+    if args.fr:  # the Backend route once more, without torch's FlightRecorderHook
+        os.environ["TORCH_FR_BUFFER_SIZE"] = "0"
+        groups["Backend-noFR"] = dist.new_group(ranks, backend="cpu:tutti")
+        del os.environ["TORCH_FR_BUFFER_SIZE"]
+        hooked = dist.distributed_c10d._world.pg_flight_recorder_hooks
+        assert groups["Backend"] in hooked and groups["Backend-noFR"] not in hooked
     kinds = {name: (type(g).__name__, type(g._get_backend(torch.device("cpu"))).__name__)
              for name, g in groups.items()}
     assert kinds == {"ProcessGroup": ("ProcessGroupTutti", "TuttiBackend"),
-                     "Backend": ("ProcessGroup", "TuttiBackend")}, kinds
+                     "Backend": ("ProcessGroup", "TuttiBackend"),
+                     **({"Backend-noFR": ("ProcessGroup", "TuttiBackend")} if args.fr else {})}, kinds
     buf = torch.ones(2, dtype=torch.float32)  # 8 bytes
 
     def timed(g, async_op):
@@ -62,7 +72,9 @@ def worker(rank, n, port, args, q):
 
     res = {(name, a): [] for name in groups for a in (False, True)}
     for rd in range(args.rounds):
-        order = list(groups) if rd % 2 == 0 else list(reversed(list(groups)))
+        order = list(groups)[rd % len(groups):] + list(groups)[:rd % len(groups)]
+        if rd % 2:
+            order.reverse()
         line = []
         for a in (False, True):
             for name in order:
@@ -87,6 +99,8 @@ def main():
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--iters", type=int, default=3000)
+    ap.add_argument("--fr", action="store_true",
+                    help="also time the Backend route without torch's flight recorder hook (TORCH_FR_BUFFER_SIZE=0)")
     ap.add_argument("--quiet-wait", type=float, default=0, help="wait up to this many seconds for an idle machine")
     a = ap.parse_args()
     import torch.multiprocessing as mp
@@ -111,6 +125,9 @@ def main():
     for asy in (False, True):
         r = statistics.median(res[("Backend", asy)]) / statistics.median(res[("ProcessGroup", asy)])
         print(f"Backend / ProcessGroup ({'async+wait' if asy else 'blocking'}): {r:.2f}x")
+        if a.fr:
+            r = statistics.median(res[("Backend", asy)]) / statistics.median(res[("Backend-noFR", asy)])
+            print(f"Backend / Backend-noFR ({'async+wait' if asy else 'blocking'}): {r:.2f}x")
     print("results checked:", "OK" if ok else "WRONG")
     sys.exit(0 if ok else 1)
 

@@ -121,6 +121,66 @@ def test_routes_collectives(backend, n):
         assert ran >= 15, ran
 
 
+def _ops_object(g):
+    """What torch calls a group's sends and receives on: the group itself on the
+    ProcessGroup route, its cpu backend on the Backend route."""
+    return g if type(g).__name__ == "ProcessGroupTutti" else _cpu_backend(g)
+
+
+def f_coalescing(rank, n, port, backend):
+    import torch
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    dist = _init(rank, n, port, backend)
+    g = dist.group.WORLD
+    ops_obj, be = _ops_object(g), _cpu_backend(g)
+    assert be.supports_coalescing
+    # batch_isend_irecv: torch opens a coalescing window; its sends and receives are
+    # posted as one batch (one p2p post) and torch returns that batch's one Work
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    sends = [torch.full((100 * (k + 1),), float(rank * 10 + k)) for k in range(3)]
+    recvs = [torch.empty(100 * (k + 1)) for k in range(3)]
+    ops = [dist.P2POp(dist.isend, s, nxt, tag=k) for k, s in enumerate(sends)]
+    ops += [dist.P2POp(dist.irecv, r, prv, tag=k) for k, r in enumerate(recvs)]
+    before = ops_obj.p2p_posts
+    works = dist.batch_isend_irecv(ops)
+    assert len(works) == 1, works
+    works[0].wait()
+    assert ops_obj.p2p_posts == before + 1, ops_obj.p2p_posts - before
+    assert [r[0].item() for r in recvs] == [float(prv * 10 + k) for k in range(3)], recvs
+    # _coalescing_manager with a device opens the same window: the all-reduces are one
+    # tutti collective, and the window's Work covers them
+    ts = [torch.full((s,), float(rank + 1)) for s in (3, 1, 5)]
+    done = be.comm.ops_done()
+    with _coalescing_manager(g, torch.device("cpu"), async_ops=True) as cm:
+        for t in ts:
+            dist.all_reduce(t)
+    cm.wait()
+    assert be.comm.ops_done() == done + 1, be.comm.ops_done() - done
+    assert all(t.tolist() == [n * (n + 1) / 2] * t.numel() for t in ts), ts
+    # sends and receives inside it: one post at its end; waiting for one before raises
+    r = torch.empty(4)
+    before = ops_obj.p2p_posts
+    with _coalescing_manager(g, torch.device("cpu"), async_ops=True) as cm:
+        w = dist.isend(torch.full((4,), float(rank)), nxt)
+        dist.irecv(r, prv)
+        assert ops_obj.p2p_posts == before
+        try:
+            w.wait()
+            raise AssertionError("waiting for a held send did not raise")
+        except RuntimeError as e:
+            assert "coalescing window" in str(e), e
+    cm.wait()
+    assert ops_obj.p2p_posts == before + 1 and r.tolist() == [float(prv)] * 4, r
+    dist.destroy_process_group()
+    return True
+
+
+@pytest.mark.parametrize("backend", list(ROUTES))
+def test_coalescing_window_is_one_batch(backend):
+    check_all(spawn(3, f_coalescing, backend, timeout=90), f"coalescing on {backend!r}")
+
+
 def f_monitored(rank, n, port, backend, absent):
     import datetime
 

@@ -67,6 +67,8 @@ def f_bad_input(rank, n, port):
         ("sparse max", lambda: dist.all_reduce(torch.ones(2, 2).to_sparse(), op=dist.ReduceOp.MAX)),
         ("coalesced dtypes", lambda: dist.all_reduce_coalesced([torch.ones(2), torch.ones(2, dtype=torch.float64)])),
         ("gather lists", lambda: dist.all_gather_coalesced([[torch.ones(2)]], [torch.ones(2)])),
+        # a tensor on another device (meta: the one non-CPU device without a GPU)
+        ("device", lambda: dist.all_reduce(torch.ones(3, device="meta"))),
     ]:
         try:
             call()
@@ -82,11 +84,17 @@ def f_bad_input(rank, n, port):
 
 def test_bad_input_raises_before_sending():
     out = check_all(spawn(2, f_bad_input, timeout=90), "bad input")
-    for msgs in out:
-        assert "int16" in msgs["int16 sum"], msgs
+    for r, msgs in enumerate(out):
+        for name, m in msgs.items():  # every message names the op and the rank that raised it
+            if name != "coalesced dtypes":
+                assert f"(rank {r} of 2)" in m, (name, m)
+        assert "int16" in msgs["int16 sum"] and "(3,)" in msgs["int16 sum"], msgs
+        assert "t.to(torch.int32)" in msgs["int16 sum"], msgs
+        assert msgs["int16 sum"].startswith("TypeError: tutti allreduce (rank"), msgs
         assert "SUM only" in msgs["sparse max"], msgs
         assert msgs["coalesced dtypes"] is not None, msgs  # torch or tutti refuses it
         assert "one per rank" in msgs["gather lists"], msgs
+        assert "on meta" in msgs["device"] and ".cpu()" in msgs["device"], msgs
 
 
 def f_mismatched_lists(rank, n, port):
@@ -106,6 +114,39 @@ def test_mismatched_tensor_lists_raise_on_every_rank():
     for r, msg in enumerate(out):
         assert msg is not None, f"rank {r} did not notice that the ranks' lists differ"
         assert msg.split(":")[0] in ("MismatchError", "TimeoutError", "PeerLostError"), msg
+
+
+def f_one_rank_wrong(rank, n, port):
+    import time
+
+    import torch
+
+    dist = _init(rank, n, port, seconds=3)
+    outs = [torch.zeros(2) for _ in range(n + (rank == 1))]  # rank 1 passes one output too many
+    t0 = time.monotonic()
+    try:
+        dist.all_gather(outs, torch.ones(2))
+    except Exception as e:  # noqa: BLE001 - the type is what the test checks
+        took = time.monotonic() - t0
+        if rank == 1:
+            time.sleep(5)  # stays alive past the others' timeout (exiting would be a lost peer)
+        return f"{type(e).__name__}: {e}", took
+    return None, time.monotonic() - t0
+
+
+def test_a_wrong_list_on_one_rank_is_named_on_every_rank():
+    """The rank whose list is wrong raises at once, naming itself and the rule; the others
+    cannot know why it did not come, and raise at the group's timeout, naming it."""
+    out = check_all(spawn(3, f_one_rank_wrong, timeout=90), "one rank wrong")
+    msg, took = out[1]
+    assert msg and msg.startswith("ValueError: tutti all_gather (rank 1 of 3)"), msg
+    assert "has 4 tensors; it needs 3" in msg, msg
+    assert took < 1.0, took
+    for r in (0, 2):
+        msg, took = out[r]
+        assert msg and msg.startswith("TimeoutError"), (r, msg)
+        assert "rank(s) [1]" in msg or "rank 1" in msg, (r, msg)
+        assert took < 30, (r, took)  # the group's 3 s timeout, not a hang
 
 
 def f_coalescing_manager(rank, n, port):

@@ -33,6 +33,8 @@ from ._errors import (
     TuttiError,
 )
 from ._comm import Communicator, P2POp, ReduceOp, UniqueId, Work
+from ._training import DEFAULT_BUCKET_BYTES, TopK
+from ._explain import explain
 from ._group import *  # noqa: F401,F403  (init_process_group, rank, all_reduce, ...)
 from ._group import __all__ as _group_all
 from . import _native
@@ -41,10 +43,13 @@ __version__ = _native.__version__
 
 __all__ = [
     "Communicator",
+    "explain",
     "Work",
     "P2POp",
     "ReduceOp",
     "UniqueId",
+    "TopK",
+    "DEFAULT_BUCKET_BYTES",
     "TuttiError",
     "TimeoutError",
     "PeerLostError",

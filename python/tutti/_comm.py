@@ -10,7 +10,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from . import _codes as C
-from . import _native, _net
+from . import _native, _net, _training
 from ._errors import InvalidArgumentError
 
 __all__ = ["Communicator", "Work", "ReduceOp", "UniqueId", "P2POp"]
@@ -193,7 +193,7 @@ def _same_dtype(a: np.ndarray, b: np.ndarray, what: str) -> None:
         raise TypeError(f"{what} has dtype {b.dtype} but the input has {a.dtype}; they must match")
 
 
-class Communicator:
+class Communicator(_training.TrainingOps):
     """A group of ranks running collectives together, on numpy arrays.
 
     Create one per process with :meth:`from_env` (under ``tutti run``, torchrun, Slurm
@@ -307,11 +307,13 @@ class Communicator:
     # ---- plumbing -----------------------------------------------------------------------
 
     def _run(self, kind: int, arg: int, code: int, op: int, count: int, sp: int, sl: int, rp: int, rl: int,
-             keep: Any, result: Any, async_op: bool, timeout: Optional[float], vcounts: Any = None) -> Any:
+             keep: Any, result: Any, async_op: bool, timeout: Optional[float], vcounts: Any = None,
+             wire: Optional[str] = None) -> Any:
+        w = _training.wire_name(wire)
         if async_op:
-            return Work(self._call(kind, arg, code, op, count, sp, sl, rp, rl, timeout, True, keep, None, vcounts),
-                        result)
-        self._call(kind, arg, code, op, count, sp, sl, rp, rl, timeout, False, None, None, vcounts)
+            return Work(self._call(kind, arg, code, op, count, sp, sl, rp, rl, timeout, True, keep, None, vcounts,
+                                   w), result)
+        self._call(kind, arg, code, op, count, sp, sl, rp, rl, timeout, False, None, None, vcounts, w)
         return result
 
     def _check_rank(self, r: int, what: str) -> int:
@@ -323,10 +325,12 @@ class Communicator:
     # ---- collectives --------------------------------------------------------------------
 
     def all_reduce(self, array: np.ndarray, op: ReduceOpLike = ReduceOp.SUM, *, out: Optional[np.ndarray] = None,
-                   async_op: bool = False, timeout: Optional[float] = None) -> Any:
+                   async_op: bool = False, timeout: Optional[float] = None, wire: Optional[str] = None) -> Any:
         """Reduces ``array`` across ranks; every rank gets the result, in ``array`` itself
         (default) or in ``out`` (same size and dtype). Returns the result array, or a
-        :class:`Work` with ``async_op=True``."""
+        :class:`Work` with ``async_op=True``. ``wire="bf16"`` or ``"f16"``: float32 data
+        with SUM or AVG travels as 16-bit values and is added in float32 at every hop
+        (docs/training.md)."""
         opc = _op_code(op)
         sp, sl, code, item = _buf(array, out is None, "array")
         code, opc = _reducible(code, opc, array.dtype, "all_reduce")
@@ -337,7 +341,7 @@ class Communicator:
             rp, rl, _, _ = _buf(out, True, "out")
             result = out
         return self._run(C.ALL_REDUCE, 0, code, opc, sl // item if item else 0, sp, sl, rp, rl,
-                         (array, out), result, async_op, timeout)
+                         (array, out), result, async_op, timeout, wire=wire)
 
     def broadcast(self, array: np.ndarray, src: int = 0, *, async_op: bool = False,
                   timeout: Optional[float] = None) -> Any:
@@ -349,10 +353,12 @@ class Communicator:
         return self._run(C.BROADCAST, src, code, C.OP_SUM, n // item, p, n, p, n, array, array, async_op, timeout)
 
     def reduce(self, array: np.ndarray, dst: int = 0, op: ReduceOpLike = ReduceOp.SUM, *,
-               out: Optional[np.ndarray] = None, async_op: bool = False, timeout: Optional[float] = None) -> Any:
+               out: Optional[np.ndarray] = None, async_op: bool = False, timeout: Optional[float] = None,
+               wire: Optional[str] = None) -> Any:
         """Reduces ``array`` across ranks onto rank ``dst``: the result lands in ``out`` if
         given, else in ``array`` itself (then the root copies its input once). Returns the
-        result on ``dst`` and None elsewhere (or a :class:`Work`)."""
+        result on ``dst`` and None elsewhere (or a :class:`Work`). ``wire``: as for
+        :meth:`all_reduce`."""
         dst = self._check_rank(dst, "dst")
         opc = _op_code(op)
         root = self._r == dst
@@ -370,7 +376,7 @@ class Communicator:
             rp, rl, _, _ = _buf(out, True, "out")
             result = out
         return self._run(C.REDUCE, dst, code, opc, sl // item, sp, sl, rp, rl, (send, array, out), result,
-                         async_op, timeout)
+                         async_op, timeout, wire=wire)
 
     def all_gather(self, array: np.ndarray, *, out: Optional[np.ndarray] = None, async_op: bool = False,
                    timeout: Optional[float] = None) -> Any:
@@ -399,11 +405,11 @@ class Communicator:
 
     def reduce_scatter(self, array: np.ndarray, op: ReduceOpLike = ReduceOp.SUM, *,
                        out: Optional[np.ndarray] = None, async_op: bool = False,
-                       timeout: Optional[float] = None) -> Any:
+                       timeout: Optional[float] = None, wire: Optional[str] = None) -> Any:
         """Reduces ``array`` (``world_size()`` equal blocks) across ranks; rank r gets
         block r of the result in ``out`` (by default a new array: ``array.shape[1:]`` if
         the first dimension is the rank count, else the first dimension divided by it).
-        Returns ``out`` (or a :class:`Work`)."""
+        Returns ``out`` (or a :class:`Work`). ``wire``: as for :meth:`all_reduce`."""
         opc = _op_code(op)
         sp, sl, code, item = _buf(array, False, "array")
         code, opc = _reducible(code, opc, array.dtype, "reduce_scatter")
@@ -413,7 +419,7 @@ class Communicator:
             _same_dtype(array, out, "out")
         rp, rl, _, _ = _buf(out, True, "out")
         return self._run(C.REDUCE_SCATTER, 0, code, opc, rl // item, sp, sl, rp, rl, (array, out), out,
-                         async_op, timeout)
+                         async_op, timeout, wire=wire)
 
     def all_to_all(self, array: np.ndarray, *, out: Optional[np.ndarray] = None, async_op: bool = False,
                    timeout: Optional[float] = None) -> Any:

@@ -88,11 +88,13 @@ class Communicator:
         keep: Any = None,
         callback: Optional[Callable[[Optional[BaseException]], None]] = None,
         vcounts: Optional[Tuple[List[int], List[int], List[int], List[int]]] = None,
+        wire: Optional[str] = None,
     ) -> Optional[Work]:
         """Runs collective ``kind`` (codes in ``tutti._codes``) on raw memory. The caller
         guarantees the addresses stay valid and untouched until the call returns (blocking)
         or the op completes (``async_op``: ``keep`` is held until then, then
-        ``callback(None or exception)`` runs on the completer thread)."""
+        ``callback(None or exception)`` runs on the completer thread). ``wire``: ``"bf16"``
+        or ``"f16"`` puts an f32 SUM/AVG reduction on the 16-bit wire."""
 
     def _p2p(
         self,
@@ -118,3 +120,33 @@ def buffer(array: Any, writable: bool, what: str = "array") -> Tuple[int, int, i
 
 def _dtype_codes() -> List[Tuple[str, int, int]]: ...
 def _local_addresses() -> List[str]: ...
+
+# ---- training (crates/tutti-py/src/training.rs) ----
+
+class TopK:
+    """Top-K sparsification with error feedback (``tutti::TopK``); see ``tutti.TopK``."""
+
+    def __init__(self, len: int, ratio: float, error_feedback: bool = True) -> None: ...
+    @property
+    def k(self) -> int: ...
+    @property
+    def len(self) -> int: ...
+    @property
+    def error_feedback(self) -> bool: ...
+    def residual(self) -> Any:
+        """A copy of the residual (float32 numpy array)."""
+    def compress(self, grad: Any) -> Tuple[Any, Any]:
+        """``(indices uint32, values float32)`` of the ``k`` largest entries of grad + residual."""
+
+def _all_reduce_many(comm: Communicator, bufs: Sequence[Tuple[int, int]], dtype: int, op: int, bucket_bytes: int,
+                     wire: Optional[str] = None, timeout: Optional[float] = None) -> None:
+    """``all_reduce_many`` over ``(address, nbytes)`` buffers of one dtype, in place, blocking."""
+def _sparse_all_reduce(comm: Communicator, indices: Any, values: Any, out: int, out_count: int, op: int) -> str:
+    """Dense sum of every rank's (uint32 indices, float32 values) into ``out_count`` floats
+    at address ``out``; returns the route (``"gather"`` or ``"dense"``)."""
+def _sparse_route(comm: Communicator, k_max: int, len: int) -> str:
+    """The route the cost model picks for ``k_max`` pairs per rank and ``len`` elements."""
+def _top_k_all_reduce(comm: Communicator, grad: int, count: int, topk: TopK, op: int) -> str:
+    """Top-K AllReduce of ``count`` floats at address ``grad``, in place; returns the route."""
+def _explain(dir: str) -> str: ...
+def _predict_us(comm: Communicator, collective: str, count: int, dtype: str, root: int = 0) -> Tuple[str, float]: ...

@@ -26,8 +26,10 @@ from torch._C._distributed_c10d import Backend as C10dBackend
 
 from ._torch_barrier import monitored_barrier as _monitored_barrier
 from ._torch_coalesced import CoalescedOps
+from ._torch_estimate import TimeEstimateMixin
 from ._torch_ops import TorchOps, groups, join
 from ._torch_util import _seconds
+from ._torch_window import CoalescingWindow
 
 BACKEND_NAME = "tutti"
 
@@ -48,7 +50,7 @@ def _options(timeout: Any, ranks: Optional[List[int]] = None, name: str = "") ->
     return o
 
 
-class TuttiBackend(TorchOps, CoalescedOps, C10dBackend):
+class TuttiBackend(TimeEstimateMixin, TorchOps, CoalescedOps, CoalescingWindow, C10dBackend):
     """A c10d ``Backend`` for CPU tensors on a tutti communicator (see the module doc).
 
     ``TuttiBackend(store, rank, size, timeout)`` joins through torch's store, as the
@@ -84,12 +86,6 @@ class TuttiBackend(TorchOps, CoalescedOps, C10dBackend):
     def supports_shrinking(self) -> bool:
         """``dist.shrink_group`` runs on tutti's ``shrink``."""
         return True
-
-    @property
-    def supports_coalescing(self) -> bool:
-        """No C++-level coalescing window (``batch_isend_irecv`` posts each op at once;
-        ``*_coalesced`` calls are one tutti op per batch)."""
-        return False
 
     def set_timeout(self, timeout: Any) -> None:
         """``dist.set_timeout``: the deadline of this group's later ops."""

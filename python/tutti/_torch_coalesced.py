@@ -20,7 +20,7 @@ import torch
 from torch._C._distributed_c10d import AllreduceOptions, ReduceScatterOptions
 
 from . import _codes as C
-from ._torch_util import _concat, _cpu, _disjoint, _flat, _gather_buffer, _moved, _reduce_codes
+from ._torch_util import _concat, _cpu, _disjoint, _flat, _gather_buffer, _moved, _reduce_codes, name_the_rank
 
 
 def _async_op(opts: Any) -> bool:
@@ -46,6 +46,7 @@ def _scatter_back(flat: torch.Tensor, outs: List[torch.Tensor]) -> None:
         off += n
 
 
+@name_the_rank()
 class CoalescedOps:
     """The coalesced collectives of :class:`tutti.torch.ProcessGroupTutti` (a mixin: it
     uses the group's ``_rank``, ``_size`` and ``_submit``)."""

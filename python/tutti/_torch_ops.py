@@ -45,6 +45,8 @@ from ._torch_util import (
     _reduce_codes,
     _seconds,
     _src,
+    name_the_rank,
+    ranked,
 )
 from ._torch_sparse import sparse_allreduce
 from ._torch_uneven import reduce_scatter_uneven
@@ -75,6 +77,8 @@ def _async_op(opts: Any) -> bool:
     return bool(getattr(opts, "asyncOp", True))
 
 
+@name_the_rank("allreduce", "broadcast", "all_gather_single", "_allgather_base", "reduce_scatter_single",
+               "_reduce_scatter_base", "send", "recv", "recv_anysource")
 class TorchOps:
     """The ops of the torch backend on a tutti communicator (a mixin; see the module doc)."""
 
@@ -82,6 +86,8 @@ class TorchOps:
     _size: int
     _comm: Any
     _call: Any
+    _window: Any = None  # an open coalescing window (tutti._torch_window.Window)
+    p2p_posts = 0  # how many batches of sends and receives were posted (one per Communicator._p2p call)
 
     @property
     def comm(self) -> Any:
@@ -114,11 +120,23 @@ class TorchOps:
         one = _all_of(len(calls), done)
         ws = [call(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], timeout, True, (keep, outputs), one, c[9])
               for c in calls]
-        return TuttiWork(ws, fut, outputs)
+        work = TuttiWork(ws, fut, outputs)
+        if self._window is not None:
+            self._window.works.append(work)
+        return work
 
     def _p2p(self, ops: list, keep: Any, post: list, outputs: Any) -> Any:
         """Posts sends and receives (tuples for ``_native.Communicator._p2p``) at once,
-        asynchronously; their Work completes once all of them did."""
+        asynchronously; their Work completes once all of them did. Inside a coalescing
+        window (tutti._torch_window) they are held, and posted with the window's others
+        when it ends."""
+        win = self._window
+        if win is not None:
+            return win.hold(ops, keep, post, outputs)
+        return self._post_p2p(ops, keep, post, outputs)
+
+    def _post_p2p(self, ops: list, keep: Any, post: list, outputs: Any) -> Any:
+        self.p2p_posts += 1
         fut = torch.futures.Future()
 
         done = _finisher(fut, post, outputs)
@@ -146,55 +164,64 @@ class TorchOps:
                 fut.set_exception(err)
 
         w = self._call(kind, arg, code, op, count, sp, sl, rp, rl, None, True, outputs, done)
-        return TuttiWork(w, fut, outputs)
+        work = TuttiWork(w, fut, outputs)
+        if self._window is not None:
+            self._window.works.append(work)
+        return work
 
     # ---- all_reduce ----
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
-        if opts is None:
-            opts = AllreduceOptions()
-        elif not isinstance(opts, AllreduceOptions):  # pg.allreduce(tensors, ReduceOp)
-            op, opts = opts, AllreduceOptions()
-            opts.reduceOp = op
-        if len(tensors) == 1:  # the fast path: one contiguous (so not sparse) CPU tensor of a native type
-            t = tensors[0]
-            if t.is_cpu and t.is_contiguous():
-                code = _DT.get(t.dtype)
-                opc = _OPS.get(_key(opts.reduceOp))
-                if code is not None and opc is not None and code != C.BOOL:
-                    n = t.numel()
-                    p = t.data_ptr()
-                    nb = n * t.element_size()
-                    if not _async_op(opts):
-                        self._call(C.ALL_REDUCE, 0, code, opc, n, p, nb, p, nb)
-                        return _DONE
-                    return self._async1(C.ALL_REDUCE, 0, code, opc, n, p, nb, p, nb, tensors)
-        if any(t.layout != torch.strided for t in tensors):
-            return sparse_allreduce(self, tensors, opts.reduceOp)
-        post: list = []
-        calls = []
-        bufs = []
-        for t in tensors:
-            code, opc = _reduce_codes(t, opts.reduceOp)
-            b = _dst(t, post)
-            bufs.append(b)
-            nb = b.numel() * b.element_size()
-            calls.append((C.ALL_REDUCE, 0, code, opc, b.numel(), b.data_ptr(), nb, b.data_ptr(), nb, None))
-        return self._submit(calls, bufs, post, tensors, _async_op(opts))
+        try:
+            if opts is None:
+                opts = AllreduceOptions()
+            elif not isinstance(opts, AllreduceOptions):  # pg.allreduce(tensors, ReduceOp)
+                op, opts = opts, AllreduceOptions()
+                opts.reduceOp = op
+            if len(tensors) == 1:  # the fast path: one contiguous (so not sparse) CPU tensor of a native type
+                t = tensors[0]
+                if t.is_cpu and t.is_contiguous():
+                    code = _DT.get(t.dtype)
+                    opc = _OPS.get(_key(opts.reduceOp))
+                    if code is not None and opc is not None and code != C.BOOL:
+                        n = t.numel()
+                        p = t.data_ptr()
+                        nb = n * t.element_size()
+                        if not _async_op(opts):
+                            self._call(C.ALL_REDUCE, 0, code, opc, n, p, nb, p, nb)
+                            return _DONE
+                        return self._async1(C.ALL_REDUCE, 0, code, opc, n, p, nb, p, nb, tensors)
+            if any(t.layout != torch.strided for t in tensors):
+                return sparse_allreduce(self, tensors, opts.reduceOp)
+            post: list = []
+            calls = []
+            bufs = []
+            for t in tensors:
+                code, opc = _reduce_codes(t, opts.reduceOp)
+                b = _dst(t, post)
+                bufs.append(b)
+                nb = b.numel() * b.element_size()
+                calls.append((C.ALL_REDUCE, 0, code, opc, b.numel(), b.data_ptr(), nb, b.data_ptr(), nb, None))
+            return self._submit(calls, bufs, post, tensors, _async_op(opts))
+        except (TypeError, ValueError) as e:
+            raise ranked(e, "allreduce", self) from None
 
     # ---- broadcast ----
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
-        if opts is None:
-            opts = BroadcastOptions()
-        root = opts.rootRank
-        post: list = []
-        calls, bufs = [], []
-        for t in tensors:
-            code, item = _moved(t)
-            b = _dst(t, post) if self._rank != root else _src(t)
-            bufs.append(b)
-            nb = b.numel() * b.element_size()
-            calls.append((C.BROADCAST, root, code, C.OP_SUM, nb // item, b.data_ptr(), nb, b.data_ptr(), nb, None))
-        return self._submit(calls, bufs, post, tensors, _async_op(opts))
+        try:
+            if opts is None:
+                opts = BroadcastOptions()
+            root = opts.rootRank
+            post: list = []
+            calls, bufs = [], []
+            for t in tensors:
+                code, item = _moved(t)
+                b = _dst(t, post) if self._rank != root else _src(t)
+                bufs.append(b)
+                nb = b.numel() * b.element_size()
+                calls.append((C.BROADCAST, root, code, C.OP_SUM, nb // item, b.data_ptr(), nb, b.data_ptr(), nb, None))
+            return self._submit(calls, bufs, post, tensors, _async_op(opts))
+        except (TypeError, ValueError) as e:
+            raise ranked(e, "broadcast", self) from None
 
     # ---- reduce ----
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
@@ -252,18 +279,21 @@ class TorchOps:
         return self._submit(calls, bufs, post, output_lists, _async_op(opts))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        if opts is None:
-            opts = AllgatherOptions()
-        if output.dtype != input.dtype:
-            raise TypeError(f"tutti all_gather_into_tensor: output dtype {output.dtype} differs from input {input.dtype}")
-        post: list = []
-        src = _src(input)
-        dst = _dst(output, post, keep_data=False)
-        code, item = _moved(input)
-        sl = src.numel() * src.element_size()
-        rl = dst.numel() * dst.element_size()
-        call = (C.ALL_GATHER, 0, code, C.OP_SUM, sl // item, src.data_ptr(), sl, dst.data_ptr(), rl, None)
-        return self._submit([call], (src, dst), post, [output], _async_op(opts))
+        try:
+            if opts is None:
+                opts = AllgatherOptions()
+            if output.dtype != input.dtype:
+                raise TypeError(f"tutti all_gather_into_tensor: output dtype {output.dtype} differs from input {input.dtype}")
+            post: list = []
+            src = _src(input)
+            dst = _dst(output, post, keep_data=False)
+            code, item = _moved(input)
+            sl = src.numel() * src.element_size()
+            rl = dst.numel() * dst.element_size()
+            call = (C.ALL_GATHER, 0, code, C.OP_SUM, sl // item, src.data_ptr(), sl, dst.data_ptr(), rl, None)
+            return self._submit([call], (src, dst), post, [output], _async_op(opts))
+        except (TypeError, ValueError) as e:
+            raise ranked(e, "all_gather_single", self) from None
 
     _allgather_base = all_gather_single
 
@@ -294,19 +324,22 @@ class TorchOps:
         return self._submit(calls, bufs, post, outputs, _async_op(opts))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        if opts is None:
-            opts = ReduceScatterOptions()
-        if output.dtype != input.dtype:
-            raise TypeError(f"tutti reduce_scatter_tensor: output dtype {output.dtype} differs from input {input.dtype}")
-        code, opc = _reduce_codes(input, opts.reduceOp)
-        post: list = []
-        src = _src(input)
-        dst = _dst(output, post, keep_data=False)
-        src = _disjoint(src, dst)
-        sl = src.numel() * src.element_size()
-        rl = dst.numel() * dst.element_size()
-        call = (C.REDUCE_SCATTER, 0, code, opc, dst.numel(), src.data_ptr(), sl, dst.data_ptr(), rl, None)
-        return self._submit([call], (src, dst), post, [output], _async_op(opts))
+        try:
+            if opts is None:
+                opts = ReduceScatterOptions()
+            if output.dtype != input.dtype:
+                raise TypeError(f"tutti reduce_scatter_tensor: output dtype {output.dtype} differs from input {input.dtype}")
+            code, opc = _reduce_codes(input, opts.reduceOp)
+            post: list = []
+            src = _src(input)
+            dst = _dst(output, post, keep_data=False)
+            src = _disjoint(src, dst)
+            sl = src.numel() * src.element_size()
+            rl = dst.numel() * dst.element_size()
+            call = (C.REDUCE_SCATTER, 0, code, opc, dst.numel(), src.data_ptr(), sl, dst.data_ptr(), rl, None)
+            return self._submit([call], (src, dst), post, [output], _async_op(opts))
+        except (TypeError, ValueError) as e:
+            raise ranked(e, "reduce_scatter_single", self) from None
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -450,31 +483,38 @@ class TorchOps:
     # batch_isend_irecv; each posts at once and returns a Work (dist.send and
     # dist.recv wait on it), so the ops of a batch all progress together.
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Any:
-        dst, tag = self._peer(dst, "send"), _tag(tag)
-        ops, bufs = [], []
-        for t in tensors:
-            src = _src(t)
-            bufs.append(src)
-            ops.append((True, dst, src.data_ptr(), src.numel() * src.element_size(), tag, True))
-        return self._p2p(ops, bufs, [], tensors)
+        try:
+            dst, tag = self._peer(dst, "send"), _tag(tag)
+            ops, bufs = [], []
+            for t in tensors:
+                src = _src(t)
+                bufs.append(src)
+                ops.append((True, dst, src.data_ptr(), src.numel() * src.element_size(), tag, True))
+            return self._p2p(ops, bufs, [], tensors)
+        except (TypeError, ValueError) as e:
+            raise ranked(e, "send", self) from None
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Any:
-        return self._recv(tensors, self._peer(src, "recv"), tag)
+        return self._recv(tensors, src, tag)
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Any:
         """A receive from whichever rank's message (with ``tag``) comes first; the Work's
         ``_source_rank()`` tells the sender once it completed (``dist.recv`` returns it)."""
-        return self._recv(tensors, -1, tag)
+        return self._recv(tensors, None, tag)
 
-    def _recv(self, tensors: List[torch.Tensor], src: int, tag: int) -> Any:
-        tag = _tag(tag)
-        post: list = []
-        ops, bufs = [], []
-        for t in tensors:
-            dst = _dst(t, post, keep_data=False)
-            bufs.append(dst)
-            ops.append((False, src, dst.data_ptr(), dst.numel() * dst.element_size(), tag, True))
-        return self._p2p(ops, bufs, post, tensors)
+    def _recv(self, tensors: List[torch.Tensor], src: Optional[int], tag: int) -> Any:
+        try:
+            src = -1 if src is None else self._peer(src, "recv")  # -1: any source
+            tag = _tag(tag)
+            post: list = []
+            ops, bufs = [], []
+            for t in tensors:
+                dst = _dst(t, post, keep_data=False)
+                bufs.append(dst)
+                ops.append((False, src, dst.data_ptr(), dst.numel() * dst.element_size(), tag, True))
+            return self._p2p(ops, bufs, post, tensors)
+        except (TypeError, ValueError) as e:
+            raise ranked(e, "recv", self) from None
 
     # ---- barrier ----
     def barrier(self, opts: Any = None) -> Any:

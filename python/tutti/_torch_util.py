@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import time
 from typing import Any, List, Optional
 
@@ -11,6 +12,56 @@ import torch.distributed as dist
 
 from . import _codes as C
 from ._errors import TuttiError
+
+# ---- errors that name the rank -------------------------------------------------------------
+
+
+def _ranked_message(msg: str, op: str, rank: int, size: int) -> str:
+    """`msg` ("tutti: ..." or "tutti OP: ...") with the op and the rank put in its prefix:
+    "tutti OP (rank R of N): ..."."""
+    head, sep, rest = msg.partition(": ")
+    if not sep or not head.startswith("tutti"):
+        return f"tutti {op} (rank {rank} of {size}): {msg}"
+    what = head[len("tutti"):].strip() or op
+    return f"tutti {what} (rank {rank} of {size}): {rest}"
+
+
+def ranked(e: Exception, op: str, ops: Any) -> Exception:
+    """`e` itself, or, for a plain ``TypeError``/``ValueError`` (bad input, raised before
+    anything was sent), the same error with the op and the calling rank in its message
+    ("tutti allreduce (rank 1 of 2): ..."), so that the rank whose input was wrong is
+    known in a job's merged log. ``tutti.TuttiError``s name their ranks themselves."""
+    if type(e) not in (TypeError, ValueError) or "(rank " in str(e):
+        return e
+    return type(e)(_ranked_message(str(e), op, ops._rank, ops._size)).with_traceback(e.__traceback__)
+
+
+def name_the_rank(*hot: str) -> Any:
+    """Class decorator for the ops mixins: every public op's bad-input errors go through
+    :func:`ranked`. The ops named in `hot` are left alone: they catch in their own body
+    (a ``try`` costs nothing until it raises; a wrapper costs ~0.2 us per call)."""
+
+    def deco(cls: type) -> type:
+        for name, f in list(vars(cls).items()):
+            if name.startswith("__") or not callable(f) or name in hot:
+                continue
+            if name.startswith("_") and name not in ("_allgather_base", "_reduce_scatter_base"):
+                continue
+
+            def wrap(f: Any, name: str = name) -> Any:
+                @functools.wraps(f)
+                def op(self: Any, *args: Any, **kwargs: Any) -> Any:
+                    try:
+                        return f(self, *args, **kwargs)
+                    except (TypeError, ValueError) as e:
+                        raise ranked(e, name, self) from None
+                return op
+
+            setattr(cls, name, wrap(f))
+        return cls
+
+    return deco
+
 
 # ---- type and op mapping ------------------------------------------------------------------
 
@@ -73,7 +124,8 @@ def _reduce_codes(t: torch.Tensor, op: Any) -> tuple:
     if opc is None:
         raise ValueError(f"tutti: reduce op {op} is not supported; use SUM, AVG, PRODUCT, MIN or MAX")
     if code is None:
-        raise TypeError(f"tutti: tensors of dtype {t.dtype} cannot be reduced; supported: {_REDUCIBLE}")
+        raise TypeError(f"tutti: a {tuple(t.shape)} tensor of dtype {t.dtype} cannot be reduced; supported: "
+                        f"{_REDUCIBLE}. Convert it first (e.g. t.to(torch.int32) or t.float(), and back)")
     return code, opc
 
 

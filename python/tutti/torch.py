@@ -59,11 +59,20 @@ Batches and the rest. Coalesced calls (``all_reduce_coalesced``, ``all_gather_co
 sparse COO tensors all-reduce with SUM (tutti._torch_sparse); ``group.monitored_barrier``
 names the ranks that did not arrive (tutti._torch_barrier); ``barrier(timeout=)`` is honoured.
 
-Limits. CPU tensors only. torch's C++-level coalescing (``supports_coalescing``) is not
-offered: ``batch_isend_irecv`` calls send/recv once per op, each posting at once. On the
-Backend route torch wraps each Work in its ``PyWorkHolder``, which forwards only
-``wait()`` and ``get_future()``: ``is_completed()`` stays False and ``dist.recv(t)``
-without ``src`` (it reads ``Work._source_rank()``) raises; use the plain name for those.
+Coalescing window (tutti._torch_window): ``supports_coalescing`` is True, so
+``batch_isend_irecv`` and ``_coalescing_manager(group, device)`` open a window whose
+sends and receives are posted at its end as one batch, with one Work.
+
+Flight recorder. On the Backend route torch's own FlightRecorderHook records every op
+in the recorder instance ``"tutti"`` (``_dump_fr_trace(backend="tutti")``); the
+ProcessGroup route is not recorded (torch calls its Python methods, not the dispatcher
+kernels where the hooks fire). tutti's own recorder (``TUTTI_TRACE_DIR``) covers both.
+
+Limits. CPU tensors only. On the Backend route torch wraps each Work in its
+``PyWorkHolder`` (torch/csrc/distributed/c10d/py/PyProcessGroup.hpp), which forwards only
+``wait()`` and ``get_future()``: ``is_completed()`` stays False (``get_future().done()``
+works) and ``dist.recv(t)`` without ``src`` (it reads ``Work._source_rank()``) raises;
+a Python backend cannot change that; use the plain name for those.
 """
 
 from __future__ import annotations
@@ -79,6 +88,10 @@ from ._torch_barrier import monitored_barrier as _monitored_barrier
 from ._torch_coalesced import CoalescedOps
 from ._torch_ops import TorchOps, groups, join
 from ._torch_util import TuttiWork, _seconds
+from ._torch_window import CoalescingWindow
+from . import _torch_hooks as hooks  # DDP communication hooks: tutti.torch.hooks (the 16-bit wire, Top-K)
+
+__import__("sys").modules[__name__ + ".hooks"] = hooks  # so that `from tutti.torch.hooks import ...` works
 
 __all__ = ["ProcessGroupTutti", "TuttiBackend", "TuttiWork", "BACKEND_NAME", "register"]
 
@@ -87,7 +100,7 @@ _groups = groups  # every group of either route (weakly), destroyed at exit
 # ---- the process group -------------------------------------------------------------------
 
 
-class ProcessGroupTutti(TorchOps, CoalescedOps, dist.ProcessGroup):
+class ProcessGroupTutti(TorchOps, CoalescedOps, CoalescingWindow, dist.ProcessGroup):
     """A torch.distributed ProcessGroup backed by a tutti communicator (see the module doc)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Any = None):
@@ -140,8 +153,6 @@ class ProcessGroupTutti(TorchOps, CoalescedOps, dist.ProcessGroup):
             return super()._get_backend(device)
         except RuntimeError:
             return self._backend
-
-    supports_coalescing = False
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """``group.monitored_barrier``: rank 0 names the ranks that did not arrive within

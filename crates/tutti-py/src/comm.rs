@@ -56,14 +56,14 @@ pub(crate) fn dtype(code: u8) -> PyResult<DataType> {
 }
 
 /// Reduction codes: the index in [`ReduceOp::ALL`] (sum, prod, max, min, avg).
-fn reduce_op(code: u8) -> PyResult<ReduceOp> {
+pub(crate) fn reduce_op(code: u8) -> PyResult<ReduceOp> {
     ReduceOp::ALL
         .get(code as usize)
         .copied()
         .ok_or_else(|| PyValueError::new_err(format!("unknown reduction code {code}")))
 }
 
-fn duration(secs: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
+pub(crate) fn duration(secs: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
     match secs {
         None => Ok(None),
         // Beyond what a Duration holds (about 1.8e19 s): as long as it can be.
@@ -77,7 +77,7 @@ fn duration(secs: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
 }
 
 /// A non-null pointer for an empty buffer (the core may build empty slices from it).
-fn nonnull(p: usize, len: usize, what: &str) -> PyResult<usize> {
+pub(crate) fn nonnull(p: usize, len: usize, what: &str) -> PyResult<usize> {
     if p != 0 {
         Ok(p)
     } else if len == 0 {
@@ -115,7 +115,7 @@ impl PyComm {
         }
     }
 
-    fn get(&self) -> PyResult<Arc<Communicator>> {
+    pub(crate) fn get(&self) -> PyResult<Arc<Communicator>> {
         self.inner
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -124,7 +124,7 @@ impl PyComm {
     }
 
     /// The default deadline of this communicator's ops.
-    fn default_timeout(&self) -> Option<Duration> {
+    pub(crate) fn default_timeout(&self) -> Option<Duration> {
         *self.timeout.read().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -326,12 +326,14 @@ impl PyComm {
     /// the root or peer; lengths are in bytes. Blocking unless `async_op`:
     /// then it returns a `Work`, keeps `keep` alive until the op is done and
     /// then calls `callback(None or exception)` on the completer thread.
+    /// `wire`: a 16-bit wire type's name (`"bf16"`, `"f16"`) for an f32
+    /// Sum or Avg reduction, or None (`tutti::Options::wire`).
     ///
     /// The caller promises that the addresses are valid for the given
     /// lengths and that nothing else touches that memory until the call
     /// returns (blocking) or the op completes (asynchronous); `keep` should
     /// own the memory.
-    #[pyo3(signature = (kind, arg, dtype, op, count, send, send_len, recv, recv_len, timeout=None, async_op=false, keep=None, callback=None, vcounts=None))]
+    #[pyo3(signature = (kind, arg, dtype, op, count, send, send_len, recv, recv_len, timeout=None, async_op=false, keep=None, callback=None, vcounts=None, wire=None))]
     #[allow(clippy::too_many_arguments)]
     fn _call(
         &self,
@@ -350,6 +352,7 @@ impl PyComm {
         keep: Option<Py<PyAny>>,
         callback: Option<Py<PyAny>>,
         vcounts: Option<VCountsArg>,
+        wire: Option<&str>,
     ) -> PyResult<Option<PyWork>> {
         let c = self.get()?;
         let call = RawCall {
@@ -372,6 +375,7 @@ impl PyComm {
         };
         let opts = Options {
             timeout: duration(timeout, "timeout")?.or_else(|| self.default_timeout()),
+            wire: crate::training::wire(py, wire)?,
             ..Options::default()
         };
         if !async_op {

@@ -17,6 +17,8 @@
 mod array;
 mod comm;
 mod errors;
+mod explain;
+mod training;
 mod work;
 
 use errors::IntoPy;
@@ -166,6 +168,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(array::buffer, m)?)?;
     m.add_function(wrap_pyfunction!(_dtype_codes, m)?)?;
     m.add_function(wrap_pyfunction!(_local_addresses, m)?)?;
+    training::register(m)?;
+    m.add_function(wrap_pyfunction!(explain::_explain, m)?)?;
+    m.add_function(wrap_pyfunction!(explain::_predict_us, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
