@@ -3,10 +3,11 @@
 #
 # Usage: bench/compare.sh [-c COLL] [-n RANKS] [-b MIN] [-e MAX] [-r ROUNDS] [-t SECS]
 #                         [--peers LIST] [--tcp] [--no-setup] [--no-build]
-#   -c COLL      all_reduce (default), broadcast, reduce, all_gather, reduce_scatter or all_to_all
-#                (the peers' spellings allreduce, allgather, alltoall work too). The kit
-#                measures no Reduce: for reduce the MPI peers run bench/mpi_reduce.sh
-#                (bench/peers/reduce_perf.c, the kit's method and launch); Gloo is skipped
+#   -c COLL      all_reduce (default), broadcast, reduce, all_gather, reduce_scatter, all_to_all
+#                or send_recv (the peers' spellings allreduce, allgather, alltoall, sendrecv
+#                work too). The kit measures no Reduce and no Send/Recv: for those the MPI
+#                peers run bench/mpi_perf.sh (bench/peers/mpi_perf.c, the kit's method and
+#                launch; MPI_Reduce, or MPI_Sendrecv to rank+1 from rank-1); Gloo is skipped
 #   -n RANKS     ranks (default 2)
 #   -b MIN       smallest size, K/M/G suffixes allowed (default 8)
 #   -e MAX       largest size (default 64M)
@@ -27,6 +28,9 @@
 #   OUT          the kit's output folder (default /tmp/tutti-peers); this script's runs go to
 #                $OUT/results/compare-<time>/ (one CSV and log per run, and table.txt)
 #   VENV         a venv with torch for Gloo (default $OUT/venv)
+#   RUN_TIMEOUT  seconds one run (tutti's or a peer's) may take before it is killed and the
+#                script stops (default 900: MPICH over TCP with 4 ranks on 2 cores once hung for
+#                80 minutes)
 #   QUIET_WAIT   wait up to this many seconds before each run for an idle machine (kit's README)
 #   CARGO_TARGET_DIR  where cargo builds (default <repo>/target)
 # Columns: tutti's time per call (us) and every implementation's busbw in GB/s (nccl-tests
@@ -41,6 +45,7 @@ set -o pipefail
 die() { echo "compare.sh: $*" >&2; exit 1; }
 note() { echo "# $*" >&2; }
 
+RUN_TIMEOUT=${RUN_TIMEOUT:-900}
 COLL=all_reduce N=2 MINB=8 MAXB=64M ROUNDS=3 T=0.15 PEERLIST="" TCP=0 SETUP=1 BUILD=1 TABLE=""
 while [ $# -gt 0 ]; do
   case $1 in
@@ -72,7 +77,8 @@ case ${COLL,,} in
   all_gather | allgather) TC=all_gather PC=allgather ;;
   reduce_scatter | reducescatter) TC=reduce_scatter PC=reduce_scatter ;;
   all_to_all | alltoall) TC=all_to_all PC=alltoall ;;
-  *) die "the peers measure allreduce, broadcast, reduce, allgather, reduce_scatter and alltoall, not '$COLL'" ;;
+  send_recv | sendrecv) TC=send_recv PC=sendrecv ;;
+  *) die "the peers measure allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall and sendrecv, not '$COLL'" ;;
 esac
 
 # print_table DIR IMPL...: median busbw per implementation and size from DIR/<impl>.<round>.csv,
@@ -112,7 +118,7 @@ print_table() {
       for (i = 2; i <= n; i++) printf " %10s", "tutti/" im[i]
       hasmpi = 0
       for (i = 2; i <= n; i++) if (im[i] == "openmpi" || im[i] == "mpich") hasmpi++
-      if (hasmpi) printf " %12s %7s", "tutti/bestMPI", "paired"
+      if (hasmpi) printf " %12s %7s %11s", "tutti/bestMPI", "paired", "paired_lohi"
       printf "\n"
       k = 0
       for (s in sizes) order[++k] = s + 0
@@ -132,14 +138,19 @@ print_table() {
           printf " %12s", ratio(mt[1], best)
           # Paired: within each round, the best MPI time of that round over the
           # time of tutti (run just before it); the median over rounds.
-          pr = ""
+          pr = ""; lo = ""; hi = ""
           for (r in rounds) {
             if (!(("tutti", s, r) in tr)) continue
             b = ""
             for (i = 2; i <= n; i++) if ((im[i] == "openmpi" || im[i] == "mpich") && ((im[i], s, r) in tr) && (b == "" || tr[im[i], s, r] + 0 < b + 0)) b = tr[im[i], s, r]
-            if (b != "" && tr["tutti", s, r] + 0 > 0) pr = pr " " (b / tr["tutti", s, r])
+            if (b != "" && tr["tutti", s, r] + 0 > 0) {
+              q = b / tr["tutti", s, r]
+              pr = pr " " q
+              if (lo == "" || q < lo) lo = q
+              if (hi == "" || q > hi) hi = q
+            }
           }
-          printf " %7s", pr == "" ? "-" : sprintf("%.2f", median(pr))
+          printf " %7s %11s", pr == "" ? "-" : sprintf("%.2f", median(pr)), pr == "" ? "-" : sprintf("%.2f-%.2f", lo, hi)
         }
         printf "\n"
       }
@@ -191,7 +202,7 @@ for p in ${PEERLIST//,/ }; do
     gloo)
       has_torch || die "--peers gloo: no torch in $VENV"
       [ "$PC" = alltoall ] && { note "Gloo's benchmark has no alltoall: skipped"; continue; }
-      [ "$PC" = reduce ] && { note "Gloo's benchmark has no reduce: skipped"; continue; }
+      [ "$PC" = reduce ] || [ "$PC" = sendrecv ] && { note "Gloo's benchmark has no $PC: skipped"; continue; }
       IMPLS+=(gloo) ;;
     *) die "unknown peer '$p' (openmpi, mpich, gloo)" ;;
   esac
@@ -214,19 +225,19 @@ latest_csv() { ls -t "$RES/$1".*.csv 2> /dev/null | head -n 1; }
 for ((r = 1; r <= ROUNDS; r++)); do
   wait_quiet
   note "round $r/$ROUNDS: tutti"
-  env "${TENV[@]}" "$TUTTI" perf "$TC" -n "$N" -b "$MINB" -e "$MAXB" --time "$T" --label tutti \
+  timeout -k 10 "$RUN_TIMEOUT" env "${TENV[@]}" "$TUTTI" perf "$TC" -n "$N" -b "$MINB" -e "$MAXB" --time "$T" --label tutti \
     --csv "$RUN/tutti.$r.csv" > "$RUN/tutti.$r.txt" 2>&1 || die "tutti perf failed (see $RUN/tutti.$r.txt)"
   for impl in "${IMPLS[@]}"; do
     wait_quiet
     note "round $r/$ROUNDS: $impl"
     label=cmp${STAMP//-/}_${impl}_r$r
     if [ "$impl" = gloo ]; then
-      "$PEERS/run_gloo.sh" -n "$N" -c "$PC" -b "$MINB" -e "$MAXB" -l "$label" > "$RUN/$impl.$r.txt" 2>&1
-    elif [ "$PC" = reduce ]; then
-      PEERS=$PEERS "$ROOT/bench/mpi_reduce.sh" --impl "$impl" -n "$N" -b "$MINB" -e "$MAXB" -t "$T" \
+      timeout -k 10 "$RUN_TIMEOUT" "$PEERS/run_gloo.sh" -n "$N" -c "$PC" -b "$MINB" -e "$MAXB" -l "$label" > "$RUN/$impl.$r.txt" 2>&1
+    elif [ "$PC" = reduce ] || [ "$PC" = sendrecv ]; then
+      PEERS=$PEERS timeout -k 10 "$RUN_TIMEOUT" "$ROOT/bench/mpi_perf.sh" --impl "$impl" -c "$PC" -n "$N" -b "$MINB" -e "$MAXB" -t "$T" \
         -l "$label" "${MPIFLAGS[@]}" > "$RUN/$impl.$r.txt" 2>&1
     else
-      "$PEERS/run_mpi.sh" --impl "$impl" -n "$N" -c "$PC" -b "$MINB" -e "$MAXB" -t "$T" -l "$label" \
+      timeout -k 10 "$RUN_TIMEOUT" "$PEERS/run_mpi.sh" --impl "$impl" -n "$N" -c "$PC" -b "$MINB" -e "$MAXB" -t "$T" -l "$label" \
         "${MPIFLAGS[@]}" > "$RUN/$impl.$r.txt" 2>&1
     fi || die "$impl failed (see $RUN/$impl.$r.txt)"
     csv=$(latest_csv "$label")

@@ -1,19 +1,24 @@
 /*
- * reduce_perf.c: MPI_Reduce (float32 sum, root 0) timed the way the peer kit's
- * coll_perf.c times its collectives (../shared/peers), which has no Reduce, so
- * that bench/compare.sh -c reduce can put tutti's Reduce next to MPI's.
+ * mpi_perf.c: the MPI calls the peer kit's coll_perf.c (../shared/peers) does
+ * not measure, timed its way, so that bench/compare.sh can put tutti's next to
+ * MPI's:
+ *   -c reduce    MPI_Reduce, float32 sum, root 0
+ *   -c sendrecv  MPI_Sendrecv: every rank sends to rank+1 and receives from
+ *                rank-1 at once (nccl-tests' sendrecv, tutti perf send_recv)
  *
- * size    = bytes of each rank's buffer (nccl-tests' convention for reduce)
+ * size    = bytes of each rank's buffer (nccl-tests' convention)
  * time_us = mean time per call over the timed calls, maximum over ranks; the
  *           number of timed calls comes from one probe call after warm-up,
  *           clamped to [MINITERS, MAXITERS] and agreed with MPI_MAX
- * busbw   = algbw = size / time (nccl-tests' factor for reduce is 1)
+ * busbw   = algbw = size / time (nccl-tests' factor is 1 for both)
  * check   = after timing, one call on rank-dependent small integers, compared
- *           exactly on the root (-n skips it)
+ *           exactly (on the root for reduce, on every rank for sendrecv; -n
+ *           skips it)
  *
- * Usage: reduce_perf [-b MIN] [-e MAX] [-t SECONDS] [-l LABEL] [-o OUT.csv] [-n]
+ * Usage: mpi_perf [-c reduce|sendrecv] [-b MIN] [-e MAX] [-t SECONDS] [-l LABEL]
+ *                 [-o OUT.csv] [-n]
  *        sizes take K/M/G suffixes (powers of 1024), doubling from MIN to MAX.
- * Build: mpicc.openmpi -O2 -Wall -o reduce_perf.openmpi reduce_perf.c
+ * Build: mpicc.openmpi -O2 -Wall -o mpi_perf.openmpi mpi_perf.c
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -24,6 +29,18 @@
 #define WARMUP 5
 #define MINITERS 5
 #define MAXITERS 100000
+
+static int sendrecv; /* -c sendrecv, else reduce */
+static int rank, n;
+
+/* One call of the measured collective on COUNT floats. */
+static void call(const float *sbuf, float *rbuf, size_t count) {
+  if (sendrecv)
+    MPI_Sendrecv(sbuf, (int)count, MPI_FLOAT, (rank + 1) % n, 0, rbuf, (int)count, MPI_FLOAT,
+                 (rank + n - 1) % n, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  else
+    MPI_Reduce(sbuf, rbuf, (int)count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
+}
 
 static size_t parse_bytes(const char *s) {
   char *end;
@@ -36,7 +53,6 @@ static size_t parse_bytes(const char *s) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  int rank, n;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   size_t minb = 8, maxb = 256u << 20;
@@ -50,9 +66,16 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "-l") && i + 1 < argc) label = argv[++i];
     else if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
     else if (!strcmp(argv[i], "-n")) check = 0;
-    else if (!strcmp(argv[i], "-c") && i + 1 < argc) ++i; /* only reduce */
-    else {
-      if (rank == 0) fprintf(stderr, "reduce_perf: unknown argument %s\n", argv[i]);
+    else if (!strcmp(argv[i], "-c") && i + 1 < argc) {
+      const char *c = argv[++i];
+      if (!strcmp(c, "sendrecv") || !strcmp(c, "send_recv")) sendrecv = 1;
+      else if (!strcmp(c, "reduce")) sendrecv = 0;
+      else {
+        if (rank == 0) fprintf(stderr, "mpi_perf: -c must be reduce or sendrecv, not %s\n", c);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
+    } else {
+      if (rank == 0) fprintf(stderr, "mpi_perf: unknown argument %s\n", argv[i]);
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
   }
@@ -60,16 +83,17 @@ int main(int argc, char **argv) {
   size_t maxcount = maxb / 4 ? maxb / 4 : 1;
   float *sbuf = malloc(maxcount * sizeof(float)), *rbuf = malloc(maxcount * sizeof(float));
   if (!sbuf || !rbuf) {
-    fprintf(stderr, "reduce_perf: out of memory\n");
+    fprintf(stderr, "mpi_perf: out of memory\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   for (size_t i = 0; i < maxcount; i++) sbuf[i] = 1.0f, rbuf[i] = 0.0f;
+  const char *coll = sendrecv ? "sendrecv" : "reduce";
   FILE *csv = NULL;
   if (rank == 0) {
     char host[256] = "?";
     gethostname(host, sizeof host);
-    printf("# reduce_perf: nranks=%d host=%s label=%s target=%.3fs min=%zu max=%zu\n", n, host,
-           label, target, minb, maxb);
+    printf("# mpi_perf: coll=%s nranks=%d host=%s label=%s target=%.3fs min=%zu max=%zu\n", coll,
+           n, host, label, target, minb, maxb);
     printf("%12s %12s %7s %12s %10s %10s %6s\n", "size(B)", "count", "iters", "time(us)", "algbw",
            "busbw", "check");
     if (out) {
@@ -85,10 +109,10 @@ int main(int argc, char **argv) {
     size_t count = bytes / 4;
     size_t size = count * 4;
     for (int i = 0; i < WARMUP; i++)
-      MPI_Reduce(sbuf, rbuf, (int)count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
+      call(sbuf, rbuf, count);
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
-    MPI_Reduce(sbuf, rbuf, (int)count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
+    call(sbuf, rbuf, count);
     double probe = MPI_Wtime() - t0, pmax;
     MPI_Allreduce(&probe, &pmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     long iters = pmax > 0 ? (long)(target / pmax) : MAXITERS;
@@ -96,21 +120,26 @@ int main(int argc, char **argv) {
     if (iters > MAXITERS) iters = MAXITERS;
     MPI_Barrier(MPI_COMM_WORLD);
     t0 = MPI_Wtime();
-    for (long i = 0; i < iters; i++)
-      MPI_Reduce(sbuf, rbuf, (int)count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
+    for (long i = 0; i < iters; i++) call(sbuf, rbuf, count);
     double t = (MPI_Wtime() - t0) / (double)iters, tmax;
     MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     const char *ck = "skip";
     if (check) {
       for (size_t i = 0; i < count; i++) sbuf[i] = (float)((rank + 1) * (int)(i % 7 + 1));
-      MPI_Reduce(sbuf, rbuf, (int)count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
+      call(sbuf, rbuf, count);
       long bad = 0;
-      if (rank == 0) {
+      if (sendrecv) {
+        int from = (rank + n - 1) % n;
+        for (size_t i = 0; i < count; i++)
+          if (rbuf[i] != (float)((from + 1) * (int)(i % 7 + 1))) bad++;
+      } else if (rank == 0) {
         float ranks = (float)n * (float)(n + 1) / 2.0f;
         for (size_t i = 0; i < count; i++)
           if (rbuf[i] != ranks * (float)(i % 7 + 1)) bad++;
       }
-      ck = bad ? "FAIL" : "ok";
+      long anybad = 0;
+      MPI_Allreduce(&bad, &anybad, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+      ck = anybad ? "FAIL" : "ok";
       for (size_t i = 0; i < count; i++) sbuf[i] = 1.0f;
     }
     if (rank == 0) {
@@ -118,7 +147,7 @@ int main(int argc, char **argv) {
       printf("%12zu %12zu %7ld %12.2f %10.3f %10.3f %6s\n", size, count, iters, tmax * 1e6, algbw,
              algbw, ck);
       if (csv)
-        fprintf(csv, "%s,reduce,%d,%zu,%zu,%ld,%.3f,%.4f,%.4f,%s\n", label, n, size, count, iters,
+        fprintf(csv, "%s,%s,%d,%zu,%zu,%ld,%.3f,%.4f,%.4f,%s\n", label, coll, n, size, count, iters,
                 tmax * 1e6, algbw, algbw, ck);
     }
     if (bytes > maxb / 2) break;
