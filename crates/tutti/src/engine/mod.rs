@@ -15,6 +15,7 @@
 //! `recorder` is the flight recorder, `explain` reads timed traces.
 
 mod call;
+mod completion;
 mod convert;
 pub(crate) mod executor;
 pub mod explain;
@@ -35,6 +36,7 @@ use crate::transport::shm::Doorbell;
 use crate::transport::tcp_io::IoSet;
 use crate::transport::{Link, LinkOps};
 pub use call::{Options, RawCall};
+pub(crate) use completion::{Completion, Driver};
 use executor::Scratchpad;
 use online::{shape_of, Shape, ShapeKey};
 use plan::{op_tag, Planned};
@@ -47,7 +49,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-pub(crate) use turns::Completion;
 use turns::{Job, Turns};
 
 /// One collective call, with raw buffers (checked by [`Engine::check`]).

@@ -1,60 +1,13 @@
 //! Ordering and turns: every op takes a ticket when it is issued and runs
 //! in its turn, the only one then to touch the core; an asynchronous op's
-//! result reaches its waiter through a [`Completion`].
+//! result reaches its waiter through a [`Completion`](super::Completion).
 
-use super::{Core, OpCall};
+use super::{Completion, Core, OpCall};
 use crate::error::{Error, Result};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
-
-/// Completion state shared between an async op and its [`Work`](crate::Work) handle.
-#[derive(Default)]
-pub(crate) struct Completion {
-    state: Mutex<Option<Result<()>>>,
-    cv: Condvar,
-}
-
-impl Completion {
-    pub(crate) fn complete(&self, r: Result<()>) {
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-        self.cv.notify_all();
-    }
-
-    /// Waits up to `timeout` (forever if `None`); `None` if still running.
-    pub(crate) fn wait(&self, timeout: Option<Duration>) -> Option<Result<()>> {
-        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        // A timeout too long to add to now (Duration::MAX, say) waits forever.
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        loop {
-            if let Some(r) = g.as_ref() {
-                return Some(r.clone());
-            }
-            match deadline {
-                None => g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner()),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return None;
-                    }
-                    g = self
-                        .cv
-                        .wait_timeout(g, d - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                }
-            }
-        }
-    }
-
-    pub(crate) fn is_done(&self) -> bool {
-        self.state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
-    }
-}
+use std::time::Duration;
 
 pub(super) struct Job {
     pub(super) call: OpCall,

@@ -1,0 +1,128 @@
+//! [`Completion`]: how an op's result reaches the thread waiting for it.
+//!
+//! The op's side calls [`Completion::complete`] once; waiters read the
+//! result. Completing costs a store and, only when a waiter is actually
+//! asleep, one futex wake: an op finished while its waiter is still
+//! polling (the usual case for small messages) makes no system call.
+//!
+//! A completion may name a [`Driver`]: then the waiting thread moves the op
+//! itself (polls the links, matches messages) before it sleeps, instead of
+//! sleeping at once and being woken by a progress thread; that hand-off
+//! costs two context switches, more than a small message takes.
+
+use crate::error::Result;
+use crate::transport::sys;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// `state`: the op is running and nobody sleeps on it.
+const RUNNING: u32 = 0;
+/// `state`: the op is running and a waiter sleeps (or is about to) on the
+/// word: completing must wake it.
+const SLEEPING: u32 = 1;
+/// `state`: the result is set.
+const DONE: u32 = 2;
+
+/// The longest a waiter sleeps between two looks at its driver: a driver
+/// that stopped (its spin ran out) gets another turn this often.
+const DRIVEN_NAP: Duration = Duration::from_millis(2);
+
+/// What moves ops forward for a waiter ([`Completion::driven`]).
+pub(crate) trait Driver: Send + Sync {
+    /// Makes progress until `done` completes, `deadline` passes, or
+    /// polling stops paying (`first`: a full spin; later calls poll
+    /// briefly). Returns at once if another thread is driving.
+    fn drive(&self, done: &Completion, deadline: Option<Instant>, first: bool);
+}
+
+/// Completion state shared between an async op and its [`Work`](crate::Work) handle.
+#[derive(Default)]
+pub(crate) struct Completion {
+    /// RUNNING, SLEEPING or DONE (a futex word).
+    state: AtomicU32,
+    result: OnceLock<Result<()>>,
+    driver: Option<Weak<dyn Driver>>,
+}
+
+impl std::fmt::Debug for Completion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completion")
+            .field("done", &self.is_done())
+            .finish()
+    }
+}
+
+impl Completion {
+    /// A completion whose waiters drive `driver` while they wait.
+    pub(crate) fn driven(driver: Weak<dyn Driver>) -> Completion {
+        Completion {
+            driver: Some(driver),
+            ..Completion::default()
+        }
+    }
+
+    /// Sets the result (the first one counts) and wakes sleeping waiters.
+    pub(crate) fn complete(&self, r: Result<()>) {
+        let _ = self.result.set(r);
+        // Release: a waiter that sees DONE sees the result.
+        if self.state.swap(DONE, Ordering::AcqRel) == SLEEPING {
+            sys::futex_wake_all(&self.state);
+        }
+    }
+
+    /// Waits up to `timeout` (forever if `None`); `None` if still running.
+    pub(crate) fn wait(&self, timeout: Option<Duration>) -> Option<Result<()>> {
+        // A timeout too long to add to now (Duration::MAX, say) waits forever.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let driver = self.driver.as_ref().and_then(|d| d.upgrade());
+        let mut first = true;
+        loop {
+            if let Some(r) = self.result() {
+                return Some(r);
+            }
+            if let Some(d) = &driver {
+                d.drive(self, deadline, first);
+                first = false;
+                if let Some(r) = self.result() {
+                    return Some(r);
+                }
+            }
+            let mut nap = if driver.is_some() {
+                DRIVEN_NAP
+            } else {
+                Duration::from_secs(3600)
+            };
+            if let Some(d) = deadline {
+                let now = Instant::now();
+                if now >= d {
+                    return None;
+                }
+                nap = nap.min(d - now);
+            }
+            // Announce the sleep; a completion between the look above and
+            // this exchange leaves DONE, which the exchange fails on.
+            match self.state.compare_exchange(
+                RUNNING,
+                SLEEPING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) | Err(SLEEPING) => sys::futex_wait(&self.state, SLEEPING, nap),
+                Err(_) => {}
+            }
+        }
+    }
+
+    fn result(&self) -> Option<Result<()>> {
+        if self.state.load(Ordering::Acquire) == DONE {
+            self.result.get().cloned()
+        } else {
+            None
+        }
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.state.load(Ordering::Acquire) == DONE
+    }
+}
