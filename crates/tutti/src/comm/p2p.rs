@@ -168,7 +168,7 @@ impl Communicator {
             len: op.len,
             tag: op.tag,
             timeout: timeout.unwrap_or(self.config().timeout),
-            done: Arc::new(Completion::default()),
+            done: Arc::new(self.p2p.completion()),
             status: (!op.send).then(|| Arc::new(StatusCell::default())),
         })
     }

@@ -1,110 +1,61 @@
-//! The point-to-point state machine: posted sends and receives, matching,
-//! and each peer link's outgoing and incoming frames ([`super::wire`]).
-//! Owned by the progress thread alone: no locks, no waiting here (the
-//! thread in [`super`] decides when to poll and when to sleep).
+//! The point-to-point state machine: posted sends and receives, and
+//! matching. Each peer link's outgoing and incoming frames are in
+//! [`super::peer`], the eager path in [`super::eager`], failures and
+//! deadlines in [`super::failure`]. No locks and no waiting here: whoever
+//! holds the state ([`super::driver`]) decides when to poll and when to
+//! sleep.
 //!
-//! Matching follows MPI: per peer, offers arrive in the order they were
-//! sent; a receive takes the first offer from its source (the earliest to
-//! arrive from any peer, for any-source) with its tag, and an offer the
-//! first posted receive that accepts it. So messages between two ranks
-//! with one tag are received in the order they were sent, and nothing
-//! else orders them: not other tags, not other peers, not collectives.
+//! Matching follows MPI: per peer, messages (rendezvous offers and eager
+//! messages alike) arrive in the order they were sent; a receive takes the
+//! first message from its source (the earliest to arrive from any peer,
+//! for any-source) with its tag, and a message the first posted receive
+//! that accepts it. So messages between two ranks with one tag are
+//! received in the order they were sent, whichever way each travels, and
+//! nothing else orders them: not other tags, not other peers, not
+//! collectives.
 
+use super::eager::Credit;
+use super::peer::{Body, Offer, Out, Peer};
 use super::wire::{Ctrl, Kind, CTRL_BYTES};
 use super::{Post, PostKind, RecvStatus};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
-use crate::transport::{make_tag, Link, LinkOps, RecvMsg, SendMsg, StepCx, P2P_SEQ};
+use crate::transport::{make_tag, Link, SendMsg, StepCx, P2P_SEQ};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
-
-/// How often peers with pending messages are checked for life.
-const LIVENESS_EVERY: Duration = Duration::from_millis(50);
+use std::time::Instant;
 
 /// A posted send or receive.
-struct Op {
-    post: Post,
-    deadline: Instant,
+pub(super) struct Op {
+    pub post: Post,
+    pub deadline: Instant,
     /// Sends: the message's number to its peer.
-    id: u64,
+    pub id: u64,
     /// The peer: a send's, or the source a receive matched.
-    peer: Option<usize>,
+    pub peer: Option<usize>,
     /// Receives: the bytes of the message matched.
-    matched: usize,
+    pub matched: usize,
     /// Bytes may be moving (a send's payload is queued or going; a
     /// receive was matched and cleared): a failure past this point breaks
     /// the pair's link, whose stream is then out of step.
-    moving: bool,
-}
-
-/// A frame waiting to go out on a link.
-enum Out {
-    /// A control frame; for an empty message's offer, the send it completes.
-    Ctrl(Box<[u8; CTRL_BYTES]>, Option<u64>),
-    /// A send's payload.
-    Payload(u64),
-}
-
-/// What the incoming side of a link is reading.
-enum Inbound {
-    /// The next control frame (into `Peer::ctrl_in`).
-    Ctrl(RecvMsg),
-    /// A payload, for a receive (`Some(op)`) or to be dropped (`None`, into
-    /// the buffer kept beside it: its receive gave up).
-    Payload(RecvMsg, Option<u64>, #[allow(dead_code)] Vec<u8>),
-}
-
-/// An offer not yet matched by a receive.
-struct Offer {
-    id: u64,
-    tag: u32,
-    len: usize,
-    /// Arrival order among all peers' offers (for any-source receives).
-    arrival: u64,
-    /// A send to this rank itself: the op, whose buffer is copied directly.
-    local: Option<u64>,
-}
-
-/// One peer's side of the protocol.
-struct Peer {
-    link: Option<Link>,
-    pid: Option<i32>,
-    broken: Option<Error>,
-    outq: VecDeque<Out>,
-    cur: Option<(Out, SendMsg)>,
-    ctrl_in: Box<[u8; CTRL_BYTES]>,
-    inbound: Option<Inbound>,
-    offers: VecDeque<Offer>,
-    /// Our sends to this peer waiting for its Clear, by message id.
-    clear_wait: FxHashMap<u64, u64>,
-    /// Its messages we cleared, by its message id: the receive (or `None`:
-    /// the receive gave up, drop the payload).
-    data_wait: FxHashMap<u64, Option<u64>>,
-    next_id: u64,
-}
-
-impl Peer {
-    fn busy(&self) -> bool {
-        self.cur.is_some()
-            || !self.outq.is_empty()
-            || !self.clear_wait.is_empty()
-            || !self.data_wait.is_empty()
-            || matches!(self.inbound, Some(Inbound::Payload(..)))
-    }
+    pub moving: bool,
+    /// Eager sends: the receiver's answer (Ack or Refuse), if it came
+    /// while the payload was still leaving (the send completes with it
+    /// once the payload has left).
+    pub answer: Option<Result<()>>,
 }
 
 /// Every posted op of a communicator's point-to-point channel.
-pub(super) struct State {
-    rank: usize,
-    peers: Vec<Peer>,
-    ops: FxHashMap<u64, Op>,
+pub(crate) struct State {
+    pub(super) rank: usize,
+    pub(super) peers: Vec<Peer>,
+    pub(super) ops: FxHashMap<u64, Op>,
     next_op: u64,
     /// Posted receives not yet matched, in post order.
-    posted: Vec<u64>,
+    pub(super) posted: Vec<u64>,
     arrivals: u64,
-    cx: StepCx,
-    last_liveness: Instant,
+    pub(super) cx: StepCx,
+    pub(super) last_liveness: Instant,
 }
 
 impl State {
@@ -129,6 +80,7 @@ impl State {
                 offers: VecDeque::new(),
                 clear_wait: FxHashMap::default(),
                 data_wait: FxHashMap::default(),
+                credit: Credit::default(),
                 next_id: 0,
             })
             .collect();
@@ -201,6 +153,7 @@ impl State {
                     },
                     matched: 0,
                     moving: false,
+                    answer: None,
                 },
             );
             match kind {
@@ -228,9 +181,12 @@ impl State {
                 tag,
                 len,
                 arrival,
-                local: Some(op),
+                body: Body::Local(op),
             };
             return self.offer_in(peer, offer);
+        }
+        if self.post_eager(op, peer) {
+            return;
         }
         let mut c = Ctrl::new(Kind::Offer, id);
         c.tag = tag;
@@ -275,425 +231,107 @@ impl State {
         }
     }
 
-    fn next_arrival(&mut self) -> u64 {
+    pub(super) fn next_arrival(&mut self) -> u64 {
         self.arrivals += 1;
         self.arrivals
     }
 
-    /// An offer from `q` arrived: the first posted receive that takes it,
-    /// or the queue of unmatched offers.
-    fn offer_in(&mut self, q: usize, offer: Offer) {
-        let found = self.posted.iter().position(|op| {
+    /// The first posted receive that takes a message from `q` with `tag`,
+    /// taken out of the posted list.
+    pub(super) fn take_posted(&mut self, q: usize, tag: u32) -> Option<u64> {
+        let i = self.posted.iter().position(|op| {
             let o = &self.ops[op];
             let PostKind::Recv { src, .. } = o.post.kind else {
                 return false;
             };
-            o.post.tag == offer.tag && src.is_none_or(|s| s == q)
-        });
-        match found {
-            Some(i) => {
-                let op = self.posted.remove(i);
-                self.matched(op, q, offer);
-            }
+            o.post.tag == tag && src.is_none_or(|s| s == q)
+        })?;
+        Some(self.posted.remove(i))
+    }
+
+    /// A message from `q` arrived: the first posted receive that takes it,
+    /// or the queue of unmatched messages.
+    pub(super) fn offer_in(&mut self, q: usize, offer: Offer) {
+        match self.take_posted(q, offer.tag) {
+            Some(op) => self.matched(op, q, offer),
             None => self.peers[q].offers.push_back(offer),
         }
     }
 
-    /// Receive `op` matched `offer` from `q`.
-    fn matched(&mut self, op: u64, q: usize, offer: Offer) {
-        let o = &self.ops[&op];
+    /// Receive `op` matched a message of `len` bytes from `q`: records the
+    /// status, and returns the error if the message does not fit.
+    pub(super) fn check_fit(&mut self, op: u64, q: usize, len: usize) -> Result<()> {
+        let o = self.ops.get_mut(&op).expect("posted");
         let PostKind::Recv { exact, .. } = o.post.kind else {
-            unreachable!("only receives match offers");
+            unreachable!("only receives match messages");
         };
         let (buf, tag) = (o.post.len, o.post.tag);
         if let Some(st) = &o.post.status {
             st.set(RecvStatus {
                 source: q,
                 tag,
-                bytes: offer.len,
+                bytes: len,
             });
         }
-        if offer.len > buf || (exact && offer.len != buf) {
-            let e = Error::SizeMismatch {
+        o.peer = Some(q);
+        o.matched = len;
+        if len > buf || (exact && len != buf) {
+            return Err(Error::SizeMismatch {
                 rank: self.rank,
                 peer: q,
                 tag,
-                message: offer.len,
+                message: len,
                 buffer: buf,
-            };
-            match offer.local {
-                Some(s) => self.finish(s, Err(e.clone())),
-                None => {
-                    let mut c = Ctrl::new(Kind::Refuse, offer.id);
-                    c.aux = buf as u64;
-                    self.peers[q]
-                        .outq
-                        .push_back(Out::Ctrl(Box::new(c.encode()), None));
-                }
-            }
-            return self.finish(op, Err(e));
-        }
-        if let Some(s) = offer.local {
-            let from = self.ops[&s].post.ptr;
-            // SAFETY: both buffers are valid until their ops complete, and
-            // a receive's never overlaps another op's (the posters' promise);
-            // offer.len <= buf.
-            unsafe { std::ptr::copy_nonoverlapping(from, o.post.ptr, offer.len) };
-            self.finish(s, Ok(()));
-            return self.finish(op, Ok(()));
-        }
-        if offer.len == 0 {
-            return self.finish(op, Ok(()));
-        }
-        let o = self.ops.get_mut(&op).expect("posted");
-        o.moving = true;
-        o.peer = Some(q);
-        o.matched = offer.len;
-        let p = &mut self.peers[q];
-        p.data_wait.insert(offer.id, Some(op));
-        p.outq.push_back(Out::Ctrl(
-            Box::new(Ctrl::new(Kind::Clear, offer.id).encode()),
-            None,
-        ));
-    }
-
-    /// Completes `op` with `r` and forgets it.
-    fn finish(&mut self, op: u64, r: Result<()>) {
-        if let Some(o) = self.ops.remove(&op) {
-            o.post.done.complete(r);
-        }
-    }
-
-    /// One pass over every link. Returns whether anything moved.
-    pub fn progress(&mut self) -> bool {
-        let mut moved = false;
-        for q in 0..self.peers.len() {
-            if self.peers[q].link.is_none() || self.peers[q].broken.is_some() {
-                continue;
-            }
-            let r = self.pump_out(q).and_then(|m| {
-                moved |= m;
-                self.pump_in(q)
             });
-            match r {
-                Ok(m) => moved |= m,
-                Err(e) => {
-                    self.break_peer(q, e);
-                    moved = true;
-                }
-            }
-        }
-        moved
-    }
-
-    fn pump_out(&mut self, q: usize) -> Result<bool> {
-        let mut moved = false;
-        loop {
-            let p = &mut self.peers[q];
-            if p.cur.is_none() {
-                let Some(out) = p.outq.pop_front() else {
-                    return Ok(moved);
-                };
-                let m = match &out {
-                    Out::Ctrl(b, _) => SendMsg::new(b.as_ptr(), CTRL_BYTES, CTRL_BYTES),
-                    Out::Payload(op) => {
-                        let o = &self.ops[op];
-                        SendMsg::new(o.post.ptr, o.post.len, o.post.len)
-                    }
-                };
-                p.cur = Some((out, m));
-            }
-            let (_, m) = p.cur.as_mut().expect("set above");
-            let link = p.link.as_mut().expect("checked by the caller");
-            moved |= link.send(m, &mut self.cx)?;
-            if !m.done {
-                return Ok(moved);
-            }
-            match p.cur.take().expect("set above").0 {
-                Out::Ctrl(_, Some(op)) | Out::Payload(op) => self.finish(op, Ok(())),
-                Out::Ctrl(_, None) => {}
-            }
-            moved = true;
-        }
-    }
-
-    fn pump_in(&mut self, q: usize) -> Result<bool> {
-        let mut moved = false;
-        loop {
-            let p = &mut self.peers[q];
-            let inbound = p.inbound.get_or_insert_with(|| {
-                Inbound::Ctrl(RecvMsg::new(p.ctrl_in.as_mut_ptr(), None, CTRL_BYTES))
-            });
-            let link = p.link.as_mut().expect("checked by the caller");
-            let m = match inbound {
-                Inbound::Ctrl(m) | Inbound::Payload(m, ..) => m,
-            };
-            moved |= link.recv(m, &mut self.cx)?;
-            if !m.done {
-                return Ok(moved);
-            }
-            moved = true;
-            match p.inbound.take().expect("set above") {
-                Inbound::Ctrl(_) => {
-                    let c = Ctrl::decode(&p.ctrl_in, self.rank, q)?;
-                    self.on_ctrl(q, c)?;
-                }
-                Inbound::Payload(_, Some(op), _) => self.finish(op, Ok(())),
-                Inbound::Payload(_, None, _) => {}
-            }
-        }
-    }
-
-    fn on_ctrl(&mut self, q: usize, c: Ctrl) -> Result<()> {
-        let rank = self.rank;
-        let protocol = |msg: String| Error::Mismatch {
-            rank,
-            peer: q,
-            seq: c.id,
-            msg,
-        };
-        match c.kind {
-            Kind::Offer => {
-                let arrival = self.next_arrival();
-                let len = usize::try_from(c.len)
-                    .map_err(|_| protocol(format!("an offer of {} bytes", c.len)))?;
-                let offer = Offer {
-                    id: c.id,
-                    tag: c.tag,
-                    len,
-                    arrival,
-                    local: None,
-                };
-                self.offer_in(q, offer);
-            }
-            Kind::Clear => {
-                let p = &mut self.peers[q];
-                match p.clear_wait.remove(&c.id) {
-                    Some(op) => {
-                        let o = self.ops.get_mut(&op).expect("waiting ops are posted");
-                        o.moving = true;
-                        let mut d = Ctrl::new(Kind::Data, c.id);
-                        d.len = o.post.len as u64;
-                        p.outq.push_back(Out::Ctrl(Box::new(d.encode()), None));
-                        p.outq.push_back(Out::Payload(op));
-                    }
-                    // The send gave up before the receiver matched it.
-                    None => p.outq.push_back(Out::Ctrl(
-                        Box::new(Ctrl::new(Kind::Cancel, c.id).encode()),
-                        None,
-                    )),
-                }
-            }
-            Kind::Refuse => {
-                if let Some(op) = self.peers[q].clear_wait.remove(&c.id) {
-                    let o = &self.ops[&op];
-                    let e = Error::SizeMismatch {
-                        rank: self.rank,
-                        peer: q,
-                        tag: o.post.tag,
-                        message: o.post.len,
-                        buffer: c.aux as usize,
-                    };
-                    self.finish(op, Err(e));
-                }
-            }
-            Kind::Data => {
-                let target = self.peers[q].data_wait.remove(&c.id).ok_or_else(|| {
-                    protocol(format!("data for message {} that was never cleared", c.id))
-                })?;
-                let len = c.len as usize;
-                let inbound = match target {
-                    Some(op) => {
-                        let o = &self.ops[&op];
-                        let want = o.matched;
-                        if len != want || len > o.post.len {
-                            return Err(protocol(format!(
-                                "message {} carries {len} bytes, its offer said {want}",
-                                c.id
-                            )));
-                        }
-                        Inbound::Payload(RecvMsg::new(o.post.ptr, None, len), Some(op), Vec::new())
-                    }
-                    None => {
-                        let mut v = vec![0u8; len];
-                        let m = RecvMsg::new(v.as_mut_ptr(), None, len);
-                        Inbound::Payload(m, None, v)
-                    }
-                };
-                self.peers[q].inbound = Some(inbound);
-            }
-            Kind::Cancel => {
-                if let Some(Some(op)) = self.peers[q].data_wait.remove(&c.id) {
-                    let e = Error::PeerLost {
-                        rank: self.rank,
-                        peer: q,
-                        op: "recv".into(),
-                        seq: op,
-                        msg: format!(
-                            "rank {q} gave up its matching send (it failed or its deadline ran out) before the data moved"
-                        ),
-                    };
-                    self.finish(op, Err(e));
-                }
-            }
         }
         Ok(())
     }
 
-    /// The pair's link is out of step or gone: every op that involves `q`
-    /// fails with `e`, now and later. A send whose buffer the peer may be
-    /// reading is withdrawn first.
-    fn break_peer(&mut self, q: usize, e: Error) {
-        let p = &mut self.peers[q];
-        if p.broken.is_some() {
-            return;
-        }
-        tracing::warn!(
-            rank = self.rank,
-            peer = q,
-            "point-to-point link broken: {e}"
-        );
-        p.broken = Some(e.clone());
-        let mut fail: Vec<u64> = Vec::new();
-        if let Some((out, m)) = p.cur.take() {
-            if let Some(l) = &p.link {
-                l.withdraw(&m, p.pid);
+    /// Receive `op` matched `offer` from `q`.
+    fn matched(&mut self, op: u64, q: usize, offer: Offer) {
+        let fit = self.check_fit(op, q, offer.len);
+        let buf = self.ops[&op].post.len;
+        match (offer.body, fit) {
+            (Body::Local(s), Err(e)) => {
+                self.finish(s, Err(e.clone()));
+                self.finish(op, Err(e));
             }
-            if let Out::Ctrl(_, Some(op)) | Out::Payload(op) = out {
-                fail.push(op);
+            (Body::Local(s), Ok(())) => {
+                let (from, to) = (self.ops[&s].post.ptr, self.ops[&op].post.ptr);
+                // SAFETY: both buffers are valid until their ops complete,
+                // and a receive's never overlaps another op's (the posters'
+                // promise); offer.len <= the receive's length (checked).
+                unsafe { std::ptr::copy_nonoverlapping(from, to, offer.len) };
+                self.finish(s, Ok(()));
+                self.finish(op, Ok(()));
             }
-        }
-        for out in p.outq.drain(..) {
-            if let Out::Ctrl(_, Some(op)) | Out::Payload(op) = out {
-                fail.push(op);
+            (Body::Eager(data), fit) => self.eager_matched(op, q, offer.id, &data, fit),
+            (Body::Rendezvous, Err(e)) => {
+                let mut c = Ctrl::new(Kind::Refuse, offer.id);
+                c.aux = buf as u64;
+                self.peers[q]
+                    .outq
+                    .push_back(Out::Ctrl(Box::new(c.encode()), None));
+                self.finish(op, Err(e));
             }
-        }
-        fail.extend(p.clear_wait.drain().map(|(_, op)| op));
-        fail.extend(p.data_wait.drain().filter_map(|(_, op)| op));
-        if let Some(Inbound::Payload(_, Some(op), _)) = p.inbound.take() {
-            fail.push(op);
-        }
-        p.offers.clear();
-        if let Some(Link::Tcp(l)) = &p.link {
-            // The peer's side fails at once instead of at its deadline.
-            l.shutdown();
-        }
-        let ops = &self.ops;
-        self.posted.retain(|op| {
-            let keep = !matches!(ops[op].post.kind, PostKind::Recv { src: Some(s), .. } if s == q);
-            if !keep {
-                fail.push(*op);
-            }
-            keep
-        });
-        fail.sort_unstable();
-        fail.dedup();
-        for op in fail {
-            self.finish(op, Err(e.clone()));
-        }
-    }
-
-    /// Fails every op with `e` (abort, or the communicator going away),
-    /// withdrawing buffers peers may be reading.
-    pub fn fail_all(&mut self, e: Error) {
-        for q in 0..self.peers.len() {
-            self.break_peer(q, e.clone());
-        }
-        let ops: Vec<u64> = self.ops.keys().copied().collect();
-        for op in ops {
-            self.finish(op, Err(e.clone()));
-        }
-        self.posted.clear();
-    }
-
-    /// Deadlines and liveness, at `now`.
-    pub fn check(&mut self, now: Instant) {
-        let late: Vec<u64> = self
-            .ops
-            .iter()
-            .filter(|(_, o)| o.deadline <= now)
-            .map(|(&op, _)| op)
-            .collect();
-        for op in late {
-            self.time_out(op);
-        }
-        if now.duration_since(self.last_liveness) < LIVENESS_EVERY {
-            return;
-        }
-        self.last_liveness = now;
-        for q in 0..self.peers.len() {
-            let p = &self.peers[q];
-            let waited_on = p.busy()
-                || self.posted.iter().any(|op| {
-                    matches!(self.ops[op].post.kind, PostKind::Recv { src: Some(s), .. } if s == q)
-                });
-            if p.broken.is_some() || !waited_on {
-                continue;
-            }
-            let why = crate::transport::wait::peer_lost(q, p.link.as_ref(), p.pid);
-            if let Some(msg) = why {
-                let e = Error::PeerLost {
-                    rank: self.rank,
-                    peer: q,
-                    op: "send/recv".into(),
-                    seq: 0,
-                    msg,
-                };
-                self.break_peer(q, e);
+            (Body::Rendezvous, Ok(())) if offer.len == 0 => self.finish(op, Ok(())),
+            (Body::Rendezvous, Ok(())) => {
+                self.ops.get_mut(&op).expect("posted").moving = true;
+                let p = &mut self.peers[q];
+                p.data_wait.insert(offer.id, Some(op));
+                p.outq.push_back(Out::Ctrl(
+                    Box::new(Ctrl::new(Kind::Clear, offer.id).encode()),
+                    None,
+                ));
             }
         }
     }
 
-    /// `op`'s deadline ran out.
-    fn time_out(&mut self, op: u64) {
-        let o = &self.ops[&op];
-        let (name, waiting_for) = match o.post.kind {
-            PostKind::Send { peer } => (
-                format!("send to rank {peer} (tag {})", o.post.tag),
-                vec![peer],
-            ),
-            PostKind::Recv { src: Some(q), .. } => {
-                (format!("recv from rank {q} (tag {})", o.post.tag), vec![q])
-            }
-            PostKind::Recv { src: None, .. } => (
-                format!("recv from any rank (tag {})", o.post.tag),
-                (0..self.peers.len()).filter(|&q| q != self.rank).collect(),
-            ),
-        };
-        let e = Error::Timeout {
-            op: name,
-            seq: op,
-            rank: self.rank,
-            waiting_for,
-            after: o.post.timeout,
-        };
-        if !o.moving {
-            // No byte of it has moved: forget it. A later Clear of the send
-            // is answered with Cancel; a receive was not matched yet.
-            if let PostKind::Send { peer } = o.post.kind {
-                let id = o.id;
-                self.peers[peer].clear_wait.remove(&id);
-            }
-            self.posted.retain(|&x| x != op);
-            return self.finish(op, Err(e));
+    /// Completes `op` with `r` and forgets it.
+    pub(super) fn finish(&mut self, op: u64, r: Result<()>) {
+        if let Some(o) = self.ops.remove(&op) {
+            o.post.done.complete(r);
         }
-        // Bytes may be moving into or out of the buffer: unless a matched
-        // receive's data has not started (then it is dropped on arrival),
-        // the stream is cut.
-        let receiving = self
-            .peers
-            .iter()
-            .any(|p| matches!(p.inbound, Some(Inbound::Payload(_, Some(x), _)) if x == op));
-        if !receiving {
-            for p in &mut self.peers {
-                if let Some(slot) = p.data_wait.values_mut().find(|v| **v == Some(op)) {
-                    *slot = None;
-                    return self.finish(op, Err(e));
-                }
-            }
-        }
-        let q = o.peer.expect("a moving op has its peer");
-        self.break_peer(q, e);
     }
 }
 

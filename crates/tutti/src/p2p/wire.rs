@@ -19,6 +19,11 @@
 //! answers a `Clear` for a send that has already failed (its deadline ran
 //! out), so that the receiver fails too instead of waiting. An empty
 //! message is done once its offer is sent and matched.
+//!
+//! A small message may instead travel eager ([`super::eager`]): `Eager {id,
+//! tag, len}` and its payload at once, answered by `Ack {id}` once a
+//! receive has taken it (or `Refuse`, when it does not fit; `Cancel {id}`
+//! from a sender that gave up drops it unmatched, and is acknowledged).
 
 use crate::error::{Error, Result};
 
@@ -37,17 +42,26 @@ pub(super) enum Kind {
     Refuse,
     /// Message `id`'s payload (`len` bytes) follows as the next message.
     Data,
-    /// The sender gave up on message `id` after it was cleared.
+    /// The sender gave up on message `id` after it was cleared (or, for
+    /// an eager message, before it was acknowledged).
     Cancel,
+    /// Eager message `id` of `len` bytes with `tag`; its payload follows
+    /// as the next message.
+    Eager,
+    /// Eager message `id` was taken by a receive (or dropped after a
+    /// Cancel): its credit comes back.
+    Ack,
 }
 
 impl Kind {
-    const ALL: [Kind; 5] = [
+    const ALL: [Kind; 7] = [
         Kind::Offer,
         Kind::Clear,
         Kind::Refuse,
         Kind::Data,
         Kind::Cancel,
+        Kind::Eager,
+        Kind::Ack,
     ];
 }
 
@@ -55,11 +69,11 @@ impl Kind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Ctrl {
     pub kind: Kind,
-    /// The user's tag (offers).
+    /// The user's tag (offers, eager messages).
     pub tag: u32,
     /// The message's number among the sender's messages to this peer.
     pub id: u64,
-    /// Payload bytes (offers, data).
+    /// Payload bytes (offers, data, eager messages).
     pub len: u64,
     /// Refuse: the receive buffer's bytes.
     pub aux: u64,
@@ -157,7 +171,7 @@ mod tests {
     #[test]
     fn unknown_kinds_are_errors() {
         let mut b = Ctrl::new(Kind::Offer, 1).encode();
-        for k in [0u32, 6, u32::MAX] {
+        for k in [0u32, 8, u32::MAX] {
             b[..4].copy_from_slice(&k.to_le_bytes());
             let e = Ctrl::decode(&b, 0, 1).unwrap_err().to_string();
             assert!(e.contains("unknown kind"), "{e}");

@@ -1,0 +1,295 @@
+//! Who moves the point-to-point state, and when: a thread waiting for one
+//! of its ops, or the channel's progress thread.
+//!
+//! The state machine ([`State`]) sits behind one lock. A thread that waits
+//! on a send or receive ([`Completion::wait`]) takes it and polls the links
+//! itself ([`Driver::drive`]) for as long as its spin lasts, then sleeps on
+//! its completion; meanwhile the progress thread stands aside (it sees
+//! `drivers`), and takes over when the waiter stops. So a small message
+//! is matched, copied and answered by the very threads that wait for it,
+//! with no wake-up of another thread on its path. The progress thread
+//! moves what nobody waits for (a send posted and not yet waited on, a
+//! peer's message into a receive whose owner is busy elsewhere), and
+//! never sleeps with the lock held.
+//!
+//! A post is taken in at once by the posting thread when the lock is free
+//! (an eager message leaves before the post returns), else queued for
+//! whoever holds it; the holder takes queued posts in before anything
+//! else, so posts keep their order.
+
+use super::progress::State;
+use super::Post;
+use crate::engine::{Completion, Driver};
+use crate::error::Error;
+use crate::transport::shm::{self, Segment};
+use crate::transport::wait::{self, Backoff, Waiter};
+use crate::transport::LinkOps;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
+
+/// Idle rounds of a driver between looks at the deadlines.
+const CHECK_EVERY: u32 = 64;
+
+/// How many times a waiter tries the lock (held briefly by the progress
+/// thread, or long by another waiter) before it sleeps instead.
+const LOCK_TRIES: u32 = 64;
+
+/// The posts waiting for the holder of the state.
+#[derive(Default)]
+struct Queue {
+    posts: Vec<Post>,
+    /// The progress thread waits on the condition variable.
+    idle: bool,
+    stop: bool,
+}
+
+/// What the posting threads, the waiters and the progress thread share.
+pub(super) struct Shared {
+    state: Mutex<State>,
+    queue: Mutex<Queue>,
+    /// Whether `queue.posts` may hold posts (a hint read without the lock).
+    queued: AtomicBool,
+    cv: Condvar,
+    /// Waiters driving (or about to): the progress thread stands aside.
+    drivers: AtomicUsize,
+    abort: Arc<AtomicBool>,
+    /// This rank's doorbell, where the progress thread sleeps while ops are
+    /// in flight (ring writes from peers ring it; posts ring it too).
+    bell: Option<(Arc<Segment>, usize)>,
+    spin: (Duration, bool),
+}
+
+impl Shared {
+    pub fn new(
+        st: State,
+        spin: (Duration, bool),
+        bell: Option<(Arc<Segment>, usize)>,
+        abort: Arc<AtomicBool>,
+    ) -> Shared {
+        Shared {
+            state: Mutex::new(st),
+            queue: Mutex::new(Queue::default()),
+            queued: AtomicBool::new(false),
+            cv: Condvar::new(),
+            drivers: AtomicUsize::new(0),
+            abort,
+            bell,
+            spin,
+        }
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn try_state(&self) -> Option<MutexGuard<'_, State>> {
+        match self.state.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// See [`super::P2p::post`].
+    pub fn post(&self, posts: Vec<Post>) {
+        let mut q = self.queue();
+        if q.stop {
+            drop(q);
+            for p in posts {
+                p.done.complete(Err(Error::Aborted));
+            }
+            return;
+        }
+        q.posts.extend(posts);
+        self.queued.store(true, Ordering::Release);
+        drop(q);
+        if let Some(mut st) = self.try_state() {
+            self.round(&mut st);
+        }
+        self.wake();
+    }
+
+    /// Wakes the progress thread, idle or asleep on the doorbell.
+    pub fn wake(&self) {
+        let q = self.queue();
+        if q.idle {
+            self.cv.notify_one();
+        } else if let Some((seg, i)) = &self.bell {
+            shm::notify(seg.bell(*i));
+        }
+    }
+
+    /// Tells the progress thread to finish.
+    pub fn stop(&self) {
+        self.queue().stop = true;
+        self.wake();
+        self.cv.notify_one();
+    }
+
+    /// Fails what is still queued or in flight (a clean shutdown, all
+    /// done, leaves the links alone and says nothing).
+    pub fn shut_down(&self) {
+        let mut st = self.state();
+        let posts = std::mem::take(&mut self.queue().posts);
+        if !posts.is_empty() || !st.idle() {
+            st.accept(posts);
+            st.fail_all(Error::Internal(
+                "the communicator was destroyed while a send or receive was pending".into(),
+            ));
+        }
+    }
+
+    /// One round under the lock: queued posts in, then every link moved.
+    /// Returns whether anything moved.
+    fn round(&self, st: &mut State) -> bool {
+        let mut fresh = false;
+        if self.queued.swap(false, Ordering::AcqRel) {
+            let posts = std::mem::take(&mut self.queue().posts);
+            fresh = !posts.is_empty();
+            st.accept(posts);
+        }
+        if self.abort.load(Ordering::Relaxed) {
+            st.fail_all(Error::Aborted);
+            return true;
+        }
+        st.progress() || fresh
+    }
+
+    /// The progress thread: moves every link while no waiter does, and
+    /// sleeps as every wait does ([`crate::transport::wait`]) when nothing
+    /// moves: it checks abort, its ops' deadlines and its peers'
+    /// liveness, and sleeps the way its links say (on the doorbell, or
+    /// polling sockets), without the lock.
+    pub fn run(&self) {
+        let mut backoff = Backoff::new(self.spin);
+        // A post rings the doorbell, which a poll does not hear: a waiter
+        // that polls naps briefly.
+        let mut waiter = Waiter::new().with_doorbell();
+        for (l, _) in self.state().links() {
+            waiter.add(l);
+        }
+        let mut fds = Vec::new();
+        loop {
+            if self.queue().stop {
+                return self.shut_down();
+            }
+            if self.drivers.load(Ordering::Acquire) > 0 {
+                let mut q = self.queue();
+                q.idle = true;
+                let (mut q, _) = self
+                    .cv
+                    .wait_timeout(q, wait::MAX_NAP)
+                    .unwrap_or_else(|e| e.into_inner());
+                q.idle = false;
+                backoff.restore();
+                continue;
+            }
+            let mut st = self.state();
+            if self.round(&mut st) {
+                backoff.reset();
+                continue;
+            }
+            if st.idle() {
+                let mut q = self.queue();
+                if q.posts.is_empty() && !q.stop && self.drivers.load(Ordering::Acquire) == 0 {
+                    q.idle = true;
+                    drop(st);
+                    let (mut q, _) = self
+                        .cv
+                        .wait_timeout(q, Duration::from_millis(100))
+                        .unwrap_or_else(|e| e.into_inner());
+                    q.idle = false;
+                    backoff.restore();
+                }
+                continue;
+            }
+            if backoff.keep_polling() {
+                continue;
+            }
+            let now = Instant::now();
+            st.check(now);
+            let nap = st
+                .next_deadline()
+                .map_or(wait::MAX_NAP, |d| d.saturating_duration_since(now))
+                .min(wait::MAX_NAP);
+            if waiter.polls() {
+                fds.clear();
+                for (l, send) in st.links() {
+                    l.pollfds(send, true, &mut fds);
+                }
+            }
+            drop(st);
+            let bell = self.bell.as_ref().map(|(seg, i)| seg.bell(*i));
+            waiter.sleep(nap, bell, &mut fds, || {
+                !self.queued.load(Ordering::Acquire)
+                    && self.drivers.load(Ordering::Acquire) == 0
+                    && self
+                        .try_state()
+                        .is_some_and(|st| !st.links().any(|(l, _)| l.has_message()))
+            });
+        }
+    }
+}
+
+impl Driver for Shared {
+    fn drive(&self, done: &Completion, deadline: Option<Instant>, first: bool) {
+        self.drivers.fetch_add(1, Ordering::AcqRel);
+        self.drive_locked(done, deadline, first);
+        self.drivers.fetch_sub(1, Ordering::AcqRel);
+        // The progress thread takes over what is left.
+        let q = self.queue();
+        if q.idle {
+            self.cv.notify_one();
+        }
+    }
+}
+
+impl Shared {
+    fn drive_locked(&self, done: &Completion, deadline: Option<Instant>, first: bool) {
+        let mut st = None;
+        for i in 0..LOCK_TRIES {
+            st = self.try_state();
+            if st.is_some() || done.is_done() {
+                break;
+            }
+            if i == 0 {
+                // The progress thread may be about to sleep holding it.
+                if let Some((seg, i)) = &self.bell {
+                    shm::notify(seg.bell(*i));
+                }
+            }
+            std::thread::yield_now();
+        }
+        let Some(mut st) = st else {
+            return;
+        };
+        let spin = if first {
+            self.spin
+        } else {
+            (Duration::ZERO, self.spin.1)
+        };
+        let mut backoff = Backoff::new(spin);
+        while !done.is_done() {
+            if self.round(&mut st) {
+                backoff.reset();
+                continue;
+            }
+            let polling = backoff.keep_polling();
+            if !polling || backoff.rounds().is_multiple_of(CHECK_EVERY) {
+                let now = Instant::now();
+                st.check(now);
+                if deadline.is_some_and(|d| now >= d) {
+                    return;
+                }
+            }
+            if !polling {
+                return;
+            }
+        }
+    }
+}

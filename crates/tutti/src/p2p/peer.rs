@@ -1,0 +1,325 @@
+//! One peer's side of the protocol: the frames waiting to go out on its
+//! link, the frame or payload coming in, the messages it sent that no
+//! receive has matched yet, and what each incoming control frame
+//! ([`super::wire`]) does.
+
+use super::eager::{Credit, EAGER_BYTES};
+use super::progress::State;
+use super::wire::{Ctrl, Kind, CTRL_BYTES};
+use crate::error::{Error, Result};
+use crate::transport::{Link, LinkOps, RecvMsg, SendMsg};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
+
+/// A frame waiting to go out on a link.
+pub(super) enum Out {
+    /// A control frame; for an empty message's offer, the send it completes.
+    Ctrl(Box<[u8; CTRL_BYTES]>, Option<u64>),
+    /// A rendezvous send's payload: the send completes once it has left.
+    Payload(u64),
+    /// An eager send's payload: the send completes once it has left and
+    /// the receiver has acknowledged it.
+    Eager(u64),
+}
+
+/// Where an incoming payload goes.
+pub(super) enum Dest {
+    /// A rendezvous receive's buffer.
+    Recv(u64),
+    /// An eager message straight into the receive that matched it (its
+    /// message id, to acknowledge).
+    EagerRecv(u64, u64),
+    /// An eager message nobody has asked for yet, into the buffer kept
+    /// beside it (its id and tag): queued with the offers once complete.
+    Stash(u64, u32),
+    /// Nowhere: its receive gave up (into the buffer kept beside it).
+    Drop,
+}
+
+/// What the incoming side of a link is reading.
+pub(super) enum Inbound {
+    /// The next control frame (into `Peer::ctrl_in`).
+    Ctrl(RecvMsg),
+    /// A payload, and where it goes (the buffer of a stash or a drop
+    /// beside it).
+    Payload(RecvMsg, Dest, Vec<u8>),
+}
+
+/// How a message not yet matched travels.
+pub(super) enum Body {
+    /// Offered: its payload moves once a receive matches.
+    Rendezvous,
+    /// An eager message: its payload is here.
+    Eager(Vec<u8>),
+    /// A send to this rank itself: the op, whose buffer is copied directly.
+    Local(u64),
+}
+
+/// A message not yet matched by a receive.
+pub(super) struct Offer {
+    pub id: u64,
+    pub tag: u32,
+    pub len: usize,
+    /// Arrival order among all peers' messages (for any-source receives).
+    pub arrival: u64,
+    pub body: Body,
+}
+
+/// One peer's side of the protocol.
+pub(super) struct Peer {
+    pub link: Option<Link>,
+    pub pid: Option<i32>,
+    pub broken: Option<Error>,
+    pub outq: VecDeque<Out>,
+    pub cur: Option<(Out, SendMsg)>,
+    pub ctrl_in: Box<[u8; CTRL_BYTES]>,
+    pub inbound: Option<Inbound>,
+    pub offers: VecDeque<Offer>,
+    /// Our sends to this peer waiting for its Clear, by message id.
+    pub clear_wait: FxHashMap<u64, u64>,
+    /// Its messages we cleared, by its message id: the receive (or `None`:
+    /// the receive gave up, drop the payload).
+    pub data_wait: FxHashMap<u64, Option<u64>>,
+    /// Our eager sends to this peer, and the credit they hold.
+    pub credit: Credit,
+    pub next_id: u64,
+}
+
+impl Peer {
+    pub fn busy(&self) -> bool {
+        self.cur.is_some()
+            || !self.outq.is_empty()
+            || !self.clear_wait.is_empty()
+            || !self.data_wait.is_empty()
+            || self.credit.outstanding()
+            || matches!(self.inbound, Some(Inbound::Payload(..)))
+    }
+}
+
+impl State {
+    /// One pass over every link. Returns whether anything moved.
+    pub fn progress(&mut self) -> bool {
+        let mut moved = false;
+        for q in 0..self.peers.len() {
+            if self.peers[q].link.is_none() || self.peers[q].broken.is_some() {
+                continue;
+            }
+            let r = self.pump_out(q).and_then(|m| {
+                moved |= m;
+                self.pump_in(q)
+            });
+            match r {
+                Ok(m) => moved |= m,
+                Err(e) => {
+                    self.break_peer(q, e);
+                    moved = true;
+                }
+            }
+        }
+        moved
+    }
+
+    fn pump_out(&mut self, q: usize) -> Result<bool> {
+        let mut moved = false;
+        loop {
+            let p = &mut self.peers[q];
+            if p.cur.is_none() {
+                let Some(out) = p.outq.pop_front() else {
+                    return Ok(moved);
+                };
+                let m = match &out {
+                    Out::Ctrl(b, _) => SendMsg::new(b.as_ptr(), CTRL_BYTES, CTRL_BYTES),
+                    Out::Payload(op) | Out::Eager(op) => {
+                        let o = &self.ops[op];
+                        SendMsg::new(o.post.ptr, o.post.len, o.post.len)
+                    }
+                };
+                p.cur = Some((out, m));
+            }
+            let (_, m) = p.cur.as_mut().expect("set above");
+            let link = p.link.as_mut().expect("checked by the caller");
+            moved |= link.send(m, &mut self.cx)?;
+            if !m.done {
+                return Ok(moved);
+            }
+            match p.cur.take().expect("set above").0 {
+                Out::Ctrl(_, Some(op)) | Out::Payload(op) => self.finish(op, Ok(())),
+                Out::Eager(op) => self.eager_left(op),
+                Out::Ctrl(_, None) => {}
+            }
+            moved = true;
+        }
+    }
+
+    fn pump_in(&mut self, q: usize) -> Result<bool> {
+        let mut moved = false;
+        loop {
+            let p = &mut self.peers[q];
+            let inbound = p.inbound.get_or_insert_with(|| {
+                Inbound::Ctrl(RecvMsg::new(p.ctrl_in.as_mut_ptr(), None, CTRL_BYTES))
+            });
+            let link = p.link.as_mut().expect("checked by the caller");
+            let m = match inbound {
+                Inbound::Ctrl(m) | Inbound::Payload(m, ..) => m,
+            };
+            moved |= link.recv(m, &mut self.cx)?;
+            if !m.done {
+                return Ok(moved);
+            }
+            moved = true;
+            match p.inbound.take().expect("set above") {
+                Inbound::Ctrl(_) => {
+                    let c = Ctrl::decode(&p.ctrl_in, self.rank, q)?;
+                    self.on_ctrl(q, c)?;
+                }
+                Inbound::Payload(_, into, data) => self.payload_in(q, into, data),
+            }
+        }
+    }
+
+    /// A payload from `q` has arrived whole.
+    fn payload_in(&mut self, q: usize, into: Dest, data: Vec<u8>) {
+        match into {
+            Dest::Recv(op) => self.finish(op, Ok(())),
+            Dest::EagerRecv(op, id) => {
+                self.finish(op, Ok(()));
+                self.send_ctrl(q, Ctrl::new(Kind::Ack, id));
+            }
+            Dest::Stash(id, tag) => self.eager_arrived(q, id, tag, data),
+            Dest::Drop => {}
+        }
+    }
+
+    /// Queues control frame `c` to `q`.
+    pub(super) fn send_ctrl(&mut self, q: usize, c: Ctrl) {
+        self.peers[q]
+            .outq
+            .push_back(Out::Ctrl(Box::new(c.encode()), None));
+    }
+
+    fn on_ctrl(&mut self, q: usize, c: Ctrl) -> Result<()> {
+        let rank = self.rank;
+        let protocol = |msg: String| Error::Mismatch {
+            rank,
+            peer: q,
+            seq: c.id,
+            msg,
+        };
+        match c.kind {
+            Kind::Offer => {
+                let arrival = self.next_arrival();
+                let len = usize::try_from(c.len)
+                    .map_err(|_| protocol(format!("an offer of {} bytes", c.len)))?;
+                let offer = Offer {
+                    id: c.id,
+                    tag: c.tag,
+                    len,
+                    arrival,
+                    body: Body::Rendezvous,
+                };
+                self.offer_in(q, offer);
+            }
+            Kind::Eager => {
+                if c.len == 0 || c.len > EAGER_BYTES as u64 {
+                    return Err(protocol(format!(
+                        "an eager message of {} bytes (at most {EAGER_BYTES})",
+                        c.len
+                    )));
+                }
+                self.eager_in(q, c.id, c.tag, c.len as usize);
+            }
+            Kind::Ack => {
+                if !self.eager_acked(q, c.id) {
+                    return Err(protocol(format!(
+                        "an acknowledgement of message {}, which is not waiting for one",
+                        c.id
+                    )));
+                }
+            }
+            Kind::Clear => {
+                let p = &mut self.peers[q];
+                match p.clear_wait.remove(&c.id) {
+                    Some(op) => {
+                        let o = self.ops.get_mut(&op).expect("waiting ops are posted");
+                        o.moving = true;
+                        let mut d = Ctrl::new(Kind::Data, c.id);
+                        d.len = o.post.len as u64;
+                        p.outq.push_back(Out::Ctrl(Box::new(d.encode()), None));
+                        p.outq.push_back(Out::Payload(op));
+                    }
+                    // The send gave up before the receiver matched it.
+                    None => self.send_ctrl(q, Ctrl::new(Kind::Cancel, c.id)),
+                }
+            }
+            Kind::Refuse => match self.peers[q].clear_wait.remove(&c.id) {
+                Some(op) => {
+                    let e = self.size_mismatch(op, q, c.aux as usize);
+                    self.finish(op, Err(e));
+                }
+                None => self.eager_refused(q, c.id, c.aux as usize),
+            },
+            Kind::Data => {
+                let target = self.peers[q].data_wait.remove(&c.id).ok_or_else(|| {
+                    protocol(format!("data for message {} that was never cleared", c.id))
+                })?;
+                let len = c.len as usize;
+                let inbound = match target {
+                    Some(op) => {
+                        let o = &self.ops[&op];
+                        let want = o.matched;
+                        if len != want || len > o.post.len {
+                            return Err(protocol(format!(
+                                "message {} carries {len} bytes, its offer said {want}",
+                                c.id
+                            )));
+                        }
+                        Inbound::Payload(
+                            RecvMsg::new(o.post.ptr, None, len),
+                            Dest::Recv(op),
+                            Vec::new(),
+                        )
+                    }
+                    None => drop_payload(len),
+                };
+                self.peers[q].inbound = Some(inbound);
+            }
+            Kind::Cancel => match self.peers[q].data_wait.remove(&c.id) {
+                Some(Some(op)) => {
+                    let e = Error::PeerLost {
+                        rank: self.rank,
+                        peer: q,
+                        op: "recv".into(),
+                        seq: op,
+                        msg: format!(
+                            "rank {q} gave up its matching send (it failed or its deadline ran out) before the data moved"
+                        ),
+                    };
+                    self.finish(op, Err(e));
+                }
+                Some(None) => {}
+                None => self.eager_cancelled(q, c.id),
+            },
+        }
+        Ok(())
+    }
+
+    /// The error of send `op` to `q`, whose receive of `buffer` bytes
+    /// does not fit it.
+    pub(super) fn size_mismatch(&self, op: u64, q: usize, buffer: usize) -> Error {
+        let o = &self.ops[&op];
+        Error::SizeMismatch {
+            rank: self.rank,
+            peer: q,
+            tag: o.post.tag,
+            message: o.post.len,
+            buffer,
+        }
+    }
+}
+
+/// Reading `len` bytes that nobody wants.
+pub(super) fn drop_payload(len: usize) -> Inbound {
+    let mut v = vec![0u8; len];
+    let m = RecvMsg::new(v.as_mut_ptr(), None, len);
+    Inbound::Payload(m, Dest::Drop, v)
+}
