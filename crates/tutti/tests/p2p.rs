@@ -328,3 +328,285 @@ rank_test!(
     &[("TUTTI_TIMEOUT", "60")],
     peer_dies
 );
+
+// The eager path (messages of at most 16 KiB travel before their receive
+// is posted, within 256 KiB of credit per ordered pair) must keep every
+// promise above: order per (peer, tag) across eager and rendezvous
+// messages, no hang when credit runs out or both sides send first, and
+// errors that name a dead peer.
+
+/// Sizes on both sides of the eager limit (16 KiB), and far past it.
+const SIZES: [usize; 9] = [1, 8, 1000, 16383, 16384, 16385, 65536, 300_000, 0];
+
+/// Eager and rendezvous messages interleaved on two tags: rank 1 sends
+/// every size on tag 1 and tag 2 alternately, before rank 0 posts any
+/// receive; rank 0 takes all of tag 2 first, then tag 1, each in the
+/// order sent (told apart by length and content).
+fn eager_order(c: &Communicator, _: &Ctx) {
+    let r = c.rank();
+    if r == 1 {
+        let mut ws = Vec::new();
+        for (k, &len) in SIZES.iter().enumerate() {
+            for tag in [1u32, 2] {
+                let salt = 100 * tag as usize + k;
+                ws.push(c.send_tagged_async(message(salt, len), 0, tag));
+            }
+        }
+        c.barrier().expect("barrier");
+        for w in ws {
+            w.wait().expect("send");
+        }
+    } else if r == 0 {
+        c.barrier().expect("barrier");
+        for tag in [2u32, 1] {
+            for (k, &len) in SIZES.iter().enumerate() {
+                let mut b = vec![0u8; 300_000];
+                let s = c.recv_from(&mut b, Some(1), tag).expect("recv");
+                assert_eq!(s.bytes, len, "tag {tag}: message {k} out of order");
+                check_from(&b[..len], 100 * tag as usize + k);
+            }
+        }
+    } else {
+        c.barrier().expect("barrier");
+    }
+    // The same tag, eager and rendezvous alternating, receives posted first.
+    if r == 0 {
+        let ws: Vec<_> = SIZES
+            .iter()
+            .map(|&len| c.recv_tagged_async(vec![0u8; len], 1, 7))
+            .collect();
+        c.barrier().expect("barrier");
+        for (k, w) in ws.into_iter().enumerate() {
+            check_from(&w.wait().expect("recv"), 50 + k);
+        }
+    } else {
+        c.barrier().expect("barrier");
+        if r == 1 {
+            for (k, &len) in SIZES.iter().enumerate() {
+                c.send_tagged(&message(50 + k, len), 0, 7).expect("send");
+            }
+        }
+    }
+    assert_eq!(c.error().map(|e| e.to_string()), None);
+}
+
+rank_test!(eager_order_local_2, Transport::Local, 2, eager_order);
+rank_test!(eager_order_shm_2, Transport::Shm, 2, eager_order);
+rank_test!(eager_order_shm_3, Transport::Shm, 3, eager_order);
+rank_test!(eager_order_tcp_2, Transport::Tcp, 2, eager_order);
+
+/// More eager messages than the credit holds (200 x 8 KiB = 1.6 MiB
+/// against 256 KiB), sent both ways before either side receives: those
+/// past the credit wait for their receives, and every byte arrives in
+/// order.
+fn credit_exhaustion(c: &Communicator, _: &Ctx) {
+    let (n, r) = (c.size(), c.rank());
+    let peer = (r + 1) % n;
+    let from = (r + n - 1) % n;
+    const COUNT: usize = 200;
+    const LEN: usize = 8 << 10;
+    let ws: Vec<_> = (0..COUNT)
+        .map(|k| c.send_async(message(r * 1000 + k, LEN), peer))
+        .collect();
+    c.barrier().expect("barrier");
+    let mut b = vec![0u8; LEN];
+    for k in 0..COUNT {
+        c.recv(&mut b, from).expect("recv");
+        check_from(&b, from * 1000 + k);
+    }
+    for w in ws {
+        w.wait().expect("send");
+    }
+    assert_eq!(c.error().map(|e| e.to_string()), None);
+}
+
+rank_test!(
+    credit_exhaustion_local_2,
+    Transport::Local,
+    2,
+    credit_exhaustion
+);
+rank_test!(
+    credit_exhaustion_shm_2,
+    Transport::Shm,
+    2,
+    credit_exhaustion
+);
+rank_test!(
+    credit_exhaustion_shm_3,
+    Transport::Shm,
+    3,
+    credit_exhaustion
+);
+rank_test!(
+    credit_exhaustion_tcp_2,
+    Transport::Tcp,
+    2,
+    credit_exhaustion
+);
+
+/// Every rank sends to the next, then receives from the previous, then
+/// waits for its send, for sizes across the eager limit: no size hangs.
+/// Then (even rank counts) blocking calls, even ranks sending first.
+fn both_send_first(c: &Communicator, _: &Ctx) {
+    let (n, r) = (c.size(), c.rank());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    for (k, &len) in SIZES.iter().enumerate() {
+        let w = c.send_async(message(r + 10 * k, len), next);
+        let mut b = vec![0u8; len];
+        c.recv(&mut b, prev).expect("recv");
+        check_from(&b, prev + 10 * k);
+        w.wait().expect("send");
+        if n % 2 == 0 {
+            let out = message(r + 7, len);
+            let mut inp = vec![0u8; len];
+            if r % 2 == 0 {
+                c.send(&out, next).expect("blocking send");
+                c.recv(&mut inp, prev).expect("blocking recv");
+            } else {
+                c.recv(&mut inp, prev).expect("blocking recv");
+                c.send(&out, next).expect("blocking send");
+            }
+            check_from(&inp, prev + 7);
+        }
+    }
+    assert_eq!(c.error().map(|e| e.to_string()), None);
+}
+
+rank_test!(
+    both_send_first_local_2,
+    Transport::Local,
+    2,
+    both_send_first
+);
+rank_test!(both_send_first_shm_2, Transport::Shm, 2, both_send_first);
+rank_test!(both_send_first_shm_4, Transport::Shm, 4, both_send_first);
+rank_test!(both_send_first_tcp_2, Transport::Tcp, 2, both_send_first);
+rank_test!(both_send_first_tcp_3, Transport::Tcp, 3, both_send_first);
+
+/// A random plan of messages between every pair (seeded, the same on every
+/// rank): tags 0-2, sizes across the eager limit. Each rank posts its
+/// sends and receives in a random order of its own (keeping each (peer,
+/// tag) stream's order), some blocking, some not, and checks every message
+/// against the plan.
+fn random_plan(c: &Communicator, _: &Ctx) {
+    let (n, r) = (c.size(), c.rank());
+    let mut seed = 0x7e57_u64;
+    let mut next = move || {
+        seed = common::data::mix64(seed.wrapping_add(0x9e37_79b9_7f4a_7c15));
+        seed
+    };
+    const LENS: [usize; 8] = [0, 3, 64, 4096, 16384, 16385, 40_000, 200_000];
+    // (src, dst, tag, len, salt): salt numbers the message in the plan.
+    let plan: Vec<(usize, usize, u32, usize, usize)> = (0..40 * n)
+        .filter_map(|k| {
+            let (src, dst) = ((next() % n as u64) as usize, (next() % n as u64) as usize);
+            let tag = (next() % 3) as u32;
+            let len = LENS[(next() % LENS.len() as u64) as usize];
+            (src != dst).then_some((src, dst, tag, len, k))
+        })
+        .collect();
+    // This rank's ops, each stream in plan order, then shuffled across
+    // streams: an op may go before another only if they are of different
+    // streams.
+    let mine = plan
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.0 == r || m.1 == r)
+        .map(|(i, m)| (m.0 == r, i));
+    // Per stream (direction, peer, tag) its ops in plan order; then,
+    // repeatedly, the head of a random stream.
+    let stream = |&(send, i): &(bool, usize)| {
+        let m = plan[i];
+        (send, if send { m.1 } else { m.0 }, m.2)
+    };
+    let mut heads: Vec<std::collections::VecDeque<(bool, usize)>> = Vec::new();
+    for op in mine {
+        match heads.iter_mut().find(|q| stream(&q[0]) == stream(&op)) {
+            Some(q) => q.push_back(op),
+            None => heads.push([op].into()),
+        }
+    }
+    let mut local = common::data::mix64(r as u64 + 1);
+    let mut order = Vec::new();
+    while !heads.is_empty() {
+        local = common::data::mix64(local);
+        let i = (local % heads.len() as u64) as usize;
+        order.push(heads[i].pop_front().expect("non-empty"));
+        if heads[i].is_empty() {
+            heads.swap_remove(i);
+        }
+    }
+    let mut sends = Vec::new();
+    let mut recvs = Vec::new();
+    for (send, i) in order {
+        let (src, dst, tag, len, salt) = plan[i];
+        if send {
+            sends.push(c.send_tagged_async(message(salt, len), dst, tag));
+        } else {
+            recvs.push((salt, c.recv_tagged_async(vec![0u8; len], src, tag)));
+        }
+    }
+    for (salt, w) in recvs {
+        let got = w.wait().expect("recv");
+        check_from(&got, salt);
+    }
+    for w in sends {
+        w.wait().expect("send");
+    }
+    c.barrier().expect("barrier");
+    assert_eq!(c.error().map(|e| e.to_string()), None);
+}
+
+rank_test!(random_plan_local_4, Transport::Local, 4, random_plan);
+rank_test!(random_plan_shm_3, Transport::Shm, 3, random_plan);
+rank_test!(random_plan_shm_4, Transport::Shm, 4, random_plan);
+rank_test!(random_plan_tcp_3, Transport::Tcp, 3, random_plan);
+
+/// A peer that dies while eager messages to and from it are pending: a
+/// send of ours waits for its Ack, a message of its own waits unreceived
+/// here, and a receive from it is posted; the send and the receive fail
+/// with `PeerLost` naming it, well before the deadline.
+fn peer_dies_eager(c: &Communicator, ctx: &Ctx) {
+    if c.rank() == 1 {
+        c.send_tagged_async(message(1, 100), 0, 1)
+            .wait()
+            .expect("first");
+        let pending = c.send_tagged_async(message(2, 100), 0, 3);
+        ctx.wait_mark("posted");
+        std::mem::forget(pending);
+        std::process::exit(0);
+    }
+    let mut first = vec![0u8; 100];
+    c.recv_tagged(&mut first, 1, 1)
+        .expect("the message sent before dying");
+    check_from(&first, 1);
+    let ws = c.send_async(message(0, 4096), 1);
+    let wr = c.recv_tagged_async(vec![0u8; 100], 1, 2);
+    ctx.mark("posted");
+    let t = std::time::Instant::now();
+    for e in [ws.wait().unwrap_err(), wr.wait().unwrap_err()] {
+        assert!(matches!(e, Error::PeerLost { peer: 1, .. }), "{e}");
+        assert!(e.to_string().contains("rank 1"), "{e}");
+    }
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+rank_test!(
+    peer_dies_eager_shm_2,
+    Transport::Shm,
+    2,
+    &[("TUTTI_TIMEOUT", "60")],
+    peer_dies_eager
+);
+rank_test!(
+    peer_dies_eager_tcp_2,
+    Transport::Tcp,
+    2,
+    &[("TUTTI_TIMEOUT", "60")],
+    peer_dies_eager
+);
