@@ -108,10 +108,16 @@ impl Shared {
         q.posts.extend(posts);
         self.queued.store(true, Ordering::Release);
         drop(q);
-        if let Some(mut st) = self.try_state() {
-            self.round(&mut st);
+        // Taken in here, the posts need nobody else: their waiters drive
+        // them, and the progress thread (idle, or asleep on the links)
+        // looks again within [`wait::MAX_NAP`] for those nobody waits on.
+        // Waking it for every post would cost a context switch per message.
+        match self.try_state() {
+            Some(mut st) => {
+                self.round(&mut st);
+            }
+            None => self.wake(),
         }
-        self.wake();
     }
 
     /// Wakes the progress thread, idle or asleep on the doorbell.
@@ -135,6 +141,14 @@ impl Shared {
     /// done, leaves the links alone and says nothing).
     pub fn shut_down(&self) {
         let mut st = self.state();
+        // Answers still queued (an Ack for a message this rank received)
+        // leave first, for a little while: the peer's send waits for them.
+        let until = Instant::now() + Duration::from_secs(1);
+        while st.ops.is_empty() && !st.idle() && Instant::now() < until {
+            if !self.round(&mut st) {
+                std::thread::yield_now();
+            }
+        }
         let posts = std::mem::take(&mut self.queue().posts);
         if !posts.is_empty() || !st.idle() {
             st.accept(posts);
@@ -166,7 +180,9 @@ impl Shared {
     /// liveness, and sleeps the way its links say (on the doorbell, or
     /// polling sockets), without the lock.
     pub fn run(&self) {
-        let mut backoff = Backoff::new(self.spin);
+        // Waiters spin; this thread, which moves only what nobody waits
+        // for, polls a few rounds and sleeps.
+        let mut backoff = Backoff::new((Duration::ZERO, true));
         // A post rings the doorbell, which a poll does not hear: a waiter
         // that polls naps briefly.
         let mut waiter = Waiter::new().with_doorbell();
@@ -201,7 +217,7 @@ impl Shared {
                     drop(st);
                     let (mut q, _) = self
                         .cv
-                        .wait_timeout(q, Duration::from_millis(100))
+                        .wait_timeout(q, wait::MAX_NAP)
                         .unwrap_or_else(|e| e.into_inner());
                     q.idle = false;
                     backoff.restore();
@@ -241,9 +257,11 @@ impl Driver for Shared {
         self.drivers.fetch_add(1, Ordering::AcqRel);
         self.drive_locked(done, deadline, first);
         self.drivers.fetch_sub(1, Ordering::AcqRel);
-        // The progress thread takes over what is left.
-        let q = self.queue();
-        if q.idle {
+        // A waiter that stops before its op is done sleeps: the progress
+        // thread takes over. (One whose op is done wakes nobody: other ops
+        // left in flight are the progress thread's within MAX_NAP, or
+        // their own waiters'.)
+        if !done.is_done() && self.queue().idle {
             self.cv.notify_one();
         }
     }

@@ -104,9 +104,14 @@ impl State {
             if self.peers[q].link.is_none() || self.peers[q].broken.is_some() {
                 continue;
             }
+            // Out again after in: what came in may have queued answers
+            // (an Ack, a Clear), which leave now, not at the next round
+            // (there may be none: the waiter whose message this was is
+            // gone once it completes).
             let r = self.pump_out(q).and_then(|m| {
                 moved |= m;
-                self.pump_in(q)
+                let m = self.pump_in(q)?;
+                Ok(m | self.pump_out(q)?)
             });
             match r {
                 Ok(m) => moved |= m,
