@@ -49,8 +49,10 @@ record() {
   local log=$1
   shift
   "$PY" - "$log" "$@" >> "$OUT/runs.jsonl" << 'EOF'
-import json, sys
-line = next((l for l in open(sys.argv[1]) if l.startswith("{")), None)
+import json, re, sys
+# `tutti run` prefixes each line with "[rank N] "; scripts/cluster.sh --no-label does not.
+lines = (re.sub(r"^\[rank \d+\] ", "", l) for l in open(sys.argv[1]))
+line = next((l for l in lines if l.startswith("{")), None)
 if line is None:
     sys.exit(f"no JSON line in {sys.argv[1]}")
 d = json.loads(line)
@@ -181,16 +183,14 @@ t = []
 perf = {}
 for f in glob.glob(f"{out}/log/perf-*-*-*.json"):
     link, wire = os.path.basename(f).split("-")[1:3]
-    for line in open(f):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        rows_ = row if isinstance(row, list) else [row]
-        for x in rows_:
-            if isinstance(x, dict) and "bytes" in x:
-                perf.setdefault((link, x["bytes"], x.get("in_place", False)), {}).setdefault(wire, []).append(
-                    x.get("time_us") or x.get("us") or x.get("time"))
+    try:  # tutti perf --json: one object, its "rows" one per size and placement
+        rows_ = json.load(open(f)).get("rows", [])
+    except ValueError:
+        continue
+    for x in rows_:
+        if isinstance(x, dict) and "size_bytes" in x:
+            perf.setdefault((link, x["size_bytes"], x.get("in_place", False)), {}).setdefault(wire, []).append(
+                x["time_us"])
 for (link, size, ip), v in sorted(perf.items()):
     if "f32" in v and "bf16" in v and all(v["f32"]) and all(v["bf16"]):
         f, b = statistics.median(v["f32"]), statistics.median(v["bf16"])

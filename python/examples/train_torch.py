@@ -189,6 +189,10 @@ def main():
             "loss_first": round(curve[0][1], 5), "loss_last5": round(sum(tail) / len(tail), 5),
             "curve": [[round(t, 3), round(l, 5)] for t, l in curve],
         }), flush=True)
+    # Every rank leaves together, and DDP (with its hook's state and pending work) goes before
+    # its process group: otherwise a rank can tear the group down while a peer still needs it.
+    dist.barrier()
+    del ddp, opt, model
     dist.destroy_process_group()
 
 

@@ -217,7 +217,8 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future
         g[idx] = vals
 
         def scale() -> None:
-            g[:] /= size
+            if size > 1:
+                np.divide(g, size, out=g)
 
         comm._call(C.ALL_REDUCE, 0, C.F32, C.OP_SUM, n_el, buf.data_ptr(), n_el * 4, buf.data_ptr(), n_el * 4,
                    None, True, buf, _completion(fut, buf, scale))
@@ -234,7 +235,8 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future
         g[:] = 0
         for q in range(size):
             g[blocks[q, 0]] += blocks[q, 1].view(np.float32)
-        g[:] /= size
+        if size > 1:
+            np.divide(g, size, out=g)
 
     comm._call(C.ALL_GATHER, 0, C.U32, C.OP_SUM, 2 * k, mine.ctypes.data, mine.nbytes, every.ctypes.data,
                every.nbytes, None, True, (mine, every, buf), _completion(fut, buf, add_up))

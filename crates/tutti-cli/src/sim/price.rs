@@ -84,10 +84,11 @@ pub(crate) fn rank(
     fabric_price::rank(among, |a| best_chunks(c, coll, count, elem, a))
 }
 
-/// Auto's pick in `v` (cheapest first): the cheapest, or a hierarchical
-/// schedule priced within `HIER_SLACK` of it (`tune::choose_with`).
-pub(crate) fn auto_pick(v: &[Priced]) -> Option<Priced> {
-    fabric_price::auto_pick(v)
+/// Auto's pick in `v` (cheapest first) on `c`: the cheapest, or a
+/// hierarchical schedule priced within `HIER_SLACK` of it, or across hosts
+/// a streaming one within `STREAM_SLACK` (`tune::choose_with`).
+pub(crate) fn auto_pick(c: &Checked, v: &[Priced]) -> Option<Priced> {
+    fabric_price::auto_pick(v, &c.fabric())
 }
 
 /// The algorithms `tutti sim` considers: every flat one and every
@@ -121,7 +122,7 @@ pub(crate) fn auto(
     elem: usize,
 ) -> Option<(Priced, Vec<Priced>)> {
     let v = rank(c, coll, count, elem, &candidates(c.nranks()));
-    Some((auto_pick(&v)?, v))
+    Some((auto_pick(c, &v)?, v))
 }
 
 /// `alg:chunks` as tables print it (`tree/4`).

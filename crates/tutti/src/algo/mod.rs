@@ -307,6 +307,19 @@ impl Algorithm {
         matches!(self, Algorithm::Hierarchical(_))
     }
 
+    /// True for the algorithms that forward data as it arrives: every
+    /// message a rank passes on is a fused step of a chain (the ring's
+    /// `RecvReduceSend` / `RecvCopySend`), so no rank waits for a whole
+    /// message from one peer before it sends to the next. Between hosts
+    /// they keep each TCP stream busy through a late peer (the socket
+    /// buffers absorb it), where a store-and-forward schedule
+    /// (halving-doubling: a whole exchange with a new partner every round)
+    /// leaves both partners' links idle; see
+    /// [`STREAM_SLACK`](crate::tune::STREAM_SLACK).
+    pub const fn streams(self) -> bool {
+        matches!(self, Algorithm::Ring)
+    }
+
     /// Builds the schedule of `p` with this algorithm, or `None` if this
     /// algorithm does not implement that collective.
     ///

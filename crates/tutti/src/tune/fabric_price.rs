@@ -84,9 +84,11 @@ pub fn rank(among: &[Algorithm], best: impl FnMut(Algorithm) -> Option<Priced>) 
     v
 }
 
-/// Auto's pick in `v` (cheapest first): the cheapest, or a hierarchical
-/// schedule priced within [`HIER_SLACK`](super::HIER_SLACK) of it, as
+/// Auto's pick in `v` (cheapest first) on `fabric`: the cheapest, or a
+/// hierarchical schedule priced within [`HIER_SLACK`](super::HIER_SLACK)
+/// of it, or where the fabric has several hosts a streaming one within
+/// [`STREAM_SLACK`](super::STREAM_SLACK), as
 /// [`choose_with`](super::choose_with) picks.
-pub fn auto_pick(v: &[Priced]) -> Option<Priced> {
-    super::price::pick_among(v, |x| (x.alg, x.stats.us)).map(|i| v[i])
+pub fn auto_pick(v: &[Priced], fabric: &Fabric) -> Option<Priced> {
+    super::price::pick_among(v, fabric.nhosts() > 1, |x| (x.alg, x.stats.us)).map(|i| v[i])
 }

@@ -23,7 +23,7 @@ pub use candidates::{CMA_TWIN_BYTES, STREAM_MIN_BYTES};
 pub use cost::{CostModel, LinkClass, LinkCost};
 pub use price::{
     best_chunks, choose, choose_with, rank_algorithms, rank_among, search_chunks, CHUNK_CHOICES,
-    HIER_SLACK,
+    HIER_SLACK, STREAM_SLACK,
 };
 pub(crate) use select::select;
 

@@ -2,7 +2,9 @@
 //! algorithms only, where results must not depend on the pick) the cost
 //! model's ranking ([`select`]).
 
-use super::price::{best_chunks, choose_with, model_pick, rank_algorithms, rank_among};
+use super::price::{
+    across_hosts, best_chunks, choose_with, model_pick, rank_algorithms, rank_among,
+};
 use super::{AlgoOverride, Choice, TuneCtx};
 use crate::algo::{Algorithm, CollKind, Collective, Problem};
 use crate::error::{Error, Result};
@@ -104,7 +106,7 @@ pub(super) fn select_all(
         }
     }
     let mut v = rank_algorithms(p, elem, ctx);
-    match model_pick(&v) {
+    match model_pick(&v, across_hosts(ctx)) {
         Some(i) => {
             v[..=i].rotate_right(1);
             Ok(v)

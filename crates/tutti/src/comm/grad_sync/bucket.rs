@@ -14,6 +14,7 @@
 //! all marked ready, or an op failed), what was sent goes back into the
 //! residual: nothing is lost.
 
+use super::super::sparse::top_k_indices;
 use super::super::{Communicator, Options, SparseRoute, TopK, Work};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
@@ -272,46 +273,6 @@ impl Bucket {
     }
 }
 
-/// The indices of the `k` entries of `acc` of largest magnitude, ascending
-/// (ties broken arbitrarily). One pass, not a selection over the whole
-/// vector: a threshold from a strided sample below which at most `k` of the
-/// largest can lie is checked by counting, and the exact selection then
-/// runs on the few candidates above it (the full selection if the sample
-/// misjudged).
-fn top_k_indices(acc: &[f32], k: usize) -> Vec<u32> {
-    let n = acc.len();
-    let full = |cands: Vec<u32>| -> Vec<u32> {
-        let mut order = cands;
-        if k < order.len() {
-            order.select_nth_unstable_by(k, |&a, &b| {
-                acc[b as usize].abs().total_cmp(&acc[a as usize].abs())
-            });
-            order.truncate(k);
-        }
-        order.sort_unstable();
-        order
-    };
-    if k == 0 {
-        return Vec::new();
-    }
-    if n < 8192 || k * 8 > n {
-        return full((0..n as u32).collect());
-    }
-    // A sample of 4096; the threshold sits at twice the wanted fraction.
-    let step = n / 4096;
-    let mut sample: Vec<f32> = (0..4096).map(|j| acc[j * step].abs()).collect();
-    let above = ((2 * k * 4096).div_ceil(n)).clamp(1, 4095);
-    let (_, t, _) = sample.select_nth_unstable_by(4096 - above, f32::total_cmp);
-    let t = *t;
-    let cands: Vec<u32> = (0..n as u32)
-        .filter(|&i| acc[i as usize].abs() >= t)
-        .collect();
-    if cands.len() < k || cands.len() > 16 * k {
-        return full((0..n as u32).collect());
-    }
-    full(cands)
-}
-
 impl Layout {
     /// Starts, in bucket order, every bucket from `next` whose gradients
     /// are all ready (every remaining one if `force`, flagged invalid).
@@ -323,39 +284,6 @@ impl Layout {
             let invalid = force && b.pending > 0;
             b.start(comm, invalid);
             self.next += 1;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::top_k_indices;
-
-    /// The sampled threshold selects the same set as a full selection
-    /// (distinct magnitudes), for long vectors and a range of k.
-    #[test]
-    fn sampled_selection_is_exact() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let acc: Vec<f32> = (0..100_000)
-            .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let m = (x >> 40) as f32 + i as f32 * 1e-3;
-                if x & 1 == 0 {
-                    m
-                } else {
-                    -m
-                }
-            })
-            .collect();
-        for k in [1, 10, 100, 1000, 5000, 20_000, 100_000] {
-            let got = top_k_indices(&acc, k);
-            let mut order: Vec<u32> = (0..acc.len() as u32).collect();
-            order.sort_by(|&a, &b| acc[b as usize].abs().total_cmp(&acc[a as usize].abs()));
-            let mut want = order[..k].to_vec();
-            want.sort_unstable();
-            assert_eq!(got, want, "k = {k}");
         }
     }
 }

@@ -108,10 +108,12 @@ impl Pricer<'_> {
             .filter(|&a| n <= 256 || (a != Algorithm::Direct && a != Algorithm::TwoShot))
             .collect();
         let p = self.problem(op, 1, None)?;
-        let best = *fabric_price::rank(&among, |a| {
+        let v = fabric_price::rank(&among, |a| {
             fabric_price::best_chunks(&p, op.elem, a, |q| self.price(q, op.elem, a))
-        })
-        .first()?;
+        });
+        // Auto's rule, slacks included, so a near tie is not reported as a
+        // better algorithm than the one Auto runs.
+        let best = fabric_price::auto_pick(&v, &self.links.fabric)?;
         let label = if best.chunks > 1 {
             format!("{}/{}", best.alg, best.chunks)
         } else {
