@@ -5,7 +5,7 @@ use crate::comm::PyComm;
 use crate::errors::IntoPy;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use tutti::{CollKind, Collective, DataType};
+use tutti::{CollKind, DataType};
 
 /// The report of a run's timed traces in `dir` ([`tutti::explain`]), as
 /// JSON text (the Python side parses it into a dict).
@@ -35,22 +35,9 @@ pub(crate) fn _predict_us(
     let bad = |e: tutti::Error| PyValueError::new_err(e.to_string());
     let kind: CollKind = collective.parse().map_err(bad)?;
     let dtype: DataType = dtype.parse().map_err(bad)?;
-    let coll = match kind {
-        CollKind::AllReduce => Collective::AllReduce,
-        CollKind::Broadcast => Collective::Broadcast { root },
-        CollKind::Reduce => Collective::Reduce { root },
-        CollKind::AllGather => Collective::AllGather,
-        CollKind::ReduceScatter => Collective::ReduceScatter,
-        CollKind::AllToAll => Collective::AllToAll,
-        CollKind::Gather => Collective::Gather { root },
-        CollKind::Scatter => Collective::Scatter { root },
-        CollKind::Barrier => Collective::Barrier,
-        CollKind::SendRecv => {
-            return Err(PyValueError::new_err(
-                "no prediction for sends and receives",
-            ))
-        }
-    };
+    let coll = kind
+        .with_root(root)
+        .ok_or_else(|| PyValueError::new_err("no prediction for sends and receives"))?;
     let c = comm.get().get()?;
     let choice = py.detach(|| c.plan(coll, count, dtype)).py(py)?;
     Ok((choice.algorithm.to_string(), choice.us))

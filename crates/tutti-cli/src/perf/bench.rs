@@ -121,18 +121,7 @@ pub(crate) fn shape(k: CollKind, size: usize, n: usize, esz: usize) -> (usize, u
 
 /// The collective, with its root or peer.
 pub(crate) fn collective(k: CollKind, root: usize) -> Collective {
-    match k {
-        CollKind::AllReduce => Collective::AllReduce,
-        CollKind::Broadcast => Collective::Broadcast { root },
-        CollKind::Reduce => Collective::Reduce { root },
-        CollKind::AllGather => Collective::AllGather,
-        CollKind::ReduceScatter => Collective::ReduceScatter,
-        CollKind::AllToAll => Collective::AllToAll,
-        CollKind::Gather => Collective::Gather { root },
-        CollKind::Scatter => Collective::Scatter { root },
-        CollKind::Barrier => Collective::Barrier,
-        CollKind::SendRecv => Collective::Send { peer: 0 },
-    }
+    k.with_root(root).unwrap_or(Collective::Send { peer: 0 })
 }
 
 /// The check data generator (see the module comment).

@@ -92,6 +92,23 @@ impl CollKind {
         CollKind::SendRecv,
     ];
 
+    /// The collective of this kind with `root` (ignored where it has none),
+    /// or `None` for [`CollKind::SendRecv`], which is two operations.
+    pub const fn with_root(self, root: usize) -> Option<Collective> {
+        Some(match self {
+            CollKind::AllReduce => Collective::AllReduce,
+            CollKind::Broadcast => Collective::Broadcast { root },
+            CollKind::Reduce => Collective::Reduce { root },
+            CollKind::AllGather => Collective::AllGather,
+            CollKind::ReduceScatter => Collective::ReduceScatter,
+            CollKind::AllToAll => Collective::AllToAll,
+            CollKind::Gather => Collective::Gather { root },
+            CollKind::Scatter => Collective::Scatter { root },
+            CollKind::Barrier => Collective::Barrier,
+            CollKind::SendRecv => return None,
+        })
+    }
+
     /// The name as `tutti perf` spells it (`all_reduce`, ...).
     pub const fn name(self) -> &'static str {
         match self {

@@ -3,7 +3,7 @@
 //! `tutti sim` uses too ([`crate::tune::fabric_price`]).
 
 use super::{Links, Op};
-use crate::algo::{Algorithm, CollKind, Collective, Problem, Wire};
+use crate::algo::{Algorithm, Problem, Wire};
 use crate::engine::recorder::Trace;
 use crate::tune::fabric::{Fabric, SimStats};
 use crate::tune::fabric_price;
@@ -64,18 +64,7 @@ impl Pricer<'_> {
     /// sends and receives.
     fn problem(&self, op: &Op, chunks: usize, wire: Option<Wire>) -> Option<Problem> {
         let f = &self.links.fabric;
-        let coll = match op.kind {
-            CollKind::AllReduce => Collective::AllReduce,
-            CollKind::Broadcast => Collective::Broadcast { root: op.root },
-            CollKind::Reduce => Collective::Reduce { root: op.root },
-            CollKind::AllGather => Collective::AllGather,
-            CollKind::ReduceScatter => Collective::ReduceScatter,
-            CollKind::AllToAll => Collective::AllToAll,
-            CollKind::Gather => Collective::Gather { root: op.root },
-            CollKind::Scatter => Collective::Scatter { root: op.root },
-            CollKind::Barrier => Collective::Barrier,
-            CollKind::SendRecv => return None,
-        };
+        let coll = op.kind.with_root(op.root)?;
         let mut p = Problem::new(coll, f.host_of.len(), 0, op.count);
         p.chunks = chunks;
         p.wire = wire;
