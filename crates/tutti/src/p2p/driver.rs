@@ -79,6 +79,17 @@ impl Shared {
         }
     }
 
+    /// Sleeps marked idle until a post or a driver wakes the thread, or
+    /// `wait::MAX_NAP` passes.
+    fn nap(&self, mut q: MutexGuard<'_, Queue>) {
+        q.idle = true;
+        let (mut q, _) = self
+            .cv
+            .wait_timeout(q, wait::MAX_NAP)
+            .unwrap_or_else(|e| e.into_inner());
+        q.idle = false;
+    }
+
     fn queue(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -195,13 +206,7 @@ impl Shared {
                 return self.shut_down();
             }
             if self.drivers.load(Ordering::Acquire) > 0 {
-                let mut q = self.queue();
-                q.idle = true;
-                let (mut q, _) = self
-                    .cv
-                    .wait_timeout(q, wait::MAX_NAP)
-                    .unwrap_or_else(|e| e.into_inner());
-                q.idle = false;
+                self.nap(self.queue());
                 backoff.restore();
                 continue;
             }
@@ -211,15 +216,10 @@ impl Shared {
                 continue;
             }
             if st.idle() {
-                let mut q = self.queue();
+                let q = self.queue();
                 if q.posts.is_empty() && !q.stop && self.drivers.load(Ordering::Acquire) == 0 {
-                    q.idle = true;
                     drop(st);
-                    let (mut q, _) = self
-                        .cv
-                        .wait_timeout(q, wait::MAX_NAP)
-                        .unwrap_or_else(|e| e.into_inner());
-                    q.idle = false;
+                    self.nap(q);
                     backoff.restore();
                 }
                 continue;
