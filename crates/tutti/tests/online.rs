@@ -171,8 +171,8 @@ fn online_tuning_agrees_shm_2() {
     );
 }
 
-/// Enough AllToAll and Scatter calls with blocks of `tune::CMA_TWIN_BYTES`
-/// for online tuning to decide, every result checked (the direct-read twin's trial
+/// Enough AllToAll and Scatter calls with blocks of `tune::CMA_TWIN_BYTES`,
+/// and Broadcasts of `tune::BCAST_CMA_BYTES`, for online tuning to decide, every result checked (the direct-read twin's trial
 /// calls among them); then a check that the twin was among the candidates
 /// exactly where it may be (`allowed`, ranks outnumbering the host's CPUs,
 /// as on CI's 2, and a host that lets them read each other's memory) and
@@ -213,6 +213,22 @@ fn cma_twin(c: &Communicator, allowed: bool) {
             );
         }
     }
+    // Broadcast from rank 2 of BCAST_CMA_BYTES, in place on the root: its
+    // direct-read candidate (the direct schedule) reads the root's buffer.
+    let root = 2 % n;
+    let bcast = Collective::Broadcast { root };
+    let count = tutti::tune::BCAST_CMA_BYTES / 4;
+    let bcalls = tutti::tune::online::max_calls(count * 4) + 3;
+    let mut buf = vec![0f32; count];
+    for k in 0..bcalls {
+        for (i, x) in buf.iter_mut().enumerate() {
+            *x = if r == root { val(root, i, k) } else { -1.0 };
+        }
+        c.broadcast(&mut buf, root).unwrap();
+        for (i, v) in buf.iter().enumerate() {
+            assert_eq!(*v, val(root, i, k), "broadcast call {k} rank {r} i {i}");
+        }
+    }
     let host = &c.topology().hosts[0];
     // The test's processes run as one user in one PID namespace: they can
     // read each other's memory wherever Yama lets siblings do so.
@@ -221,15 +237,27 @@ fn cma_twin(c: &Communicator, allowed: bool) {
     assert_eq!(host.cma, open, "ptrace_scope {scope:?}, host {host:?}");
     let want = allowed && host.cma && host.cpus < host.ranks.len();
     let mut plans = Vec::new();
-    for coll in [Collective::AllToAll, scatter] {
-        assert!(!c.is_tuning(coll, block, DataType::F32));
-        let cands = c.tuning_candidates(coll, block, DataType::F32);
+    for (coll, k) in [
+        (Collective::AllToAll, block),
+        (scatter, block),
+        (bcast, count),
+    ] {
+        assert!(!c.is_tuning(coll, k, DataType::F32));
+        let cands = c.tuning_candidates(coll, k, DataType::F32);
         assert_eq!(
             cands.iter().filter(|x| x.cma).count(),
             usize::from(want),
             "{coll:?}: {cands:?}, host {host:?}"
         );
-        let plan = c.plan(coll, block, DataType::F32).unwrap();
+        if coll == bcast && want {
+            assert!(
+                cands
+                    .iter()
+                    .any(|x| x.cma && x.algorithm == Algorithm::Direct),
+                "{cands:?}"
+            );
+        }
+        let plan = c.plan(coll, k, DataType::F32).unwrap();
         let a = Algorithm::ALL.iter().position(|&x| x == plan.algorithm);
         plans.extend([a.unwrap() as f64, f64::from(u8::from(plan.cma))]);
     }

@@ -64,7 +64,7 @@ pub enum Calibrate {
 /// | `TUTTI_TRANSPORT` (`auto`, `tcp`) | [`transport`](Config::transport) | auto |
 /// | `TUTTI_ALGO` | [`algo`](Config::algo) | auto |
 /// | `TUTTI_SHM_RING_BYTES` | [`ring_bytes`](Config::ring_bytes) | 512 KiB |
-/// | `TUTTI_SHM_DIRECT_BYTES` | [`direct_bytes`](Config::direct_bytes) | auto (off, but online tuning may try 256 KiB) |
+/// | `TUTTI_SHM_DIRECT_BYTES` | [`direct_bytes`](Config::direct_bytes) | auto (off, but online tuning may try 256 KiB; Broadcast 128 KiB) |
 /// | `TUTTI_SHM_MAILBOX` (`0`, `1`) | [`mailbox`](Config::mailbox) | 1 |
 /// | `TUTTI_SPIN_US` | [`spin`](Config::spin) | 200 us (20 us for async ops), or 50 us yielding when ranks outnumber cores |
 /// | `TUTTI_SOCKET_IFNAME` | [`socket_ifname`](Config::socket_ifname) | any |
@@ -96,7 +96,9 @@ pub struct Config {
     /// sender's buffer (`process_vm_readv` / memcpy); `Some(usize::MAX)`:
     /// never. `None` (the default): never, except that where ranks share
     /// cores online tuning tries large AllToAll and Scatter calls with
-    /// direct reads too ([`tune::CMA_TWIN_BYTES`](crate::tune::CMA_TWIN_BYTES)).
+    /// direct reads too ([`tune::CMA_TWIN_BYTES`](crate::tune::CMA_TWIN_BYTES)),
+    /// and large Broadcasts through the direct schedule with direct reads
+    /// ([`tune::BCAST_CMA_BYTES`](crate::tune::BCAST_CMA_BYTES)).
     /// Off by default because on the machines measured, streaming through
     /// the cache-sized ring, with the sender and the receiver copying at
     /// once, was 1.5-4x faster at every size where every rank has a core

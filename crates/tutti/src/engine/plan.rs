@@ -124,7 +124,7 @@ impl Core {
             op,
             elem: esz,
             direct_bytes: if plan.cma {
-                crate::tune::CMA_TWIN_BYTES
+                crate::tune::cma_direct_bytes(c.coll)
             } else {
                 self.config.direct_bytes.unwrap_or(usize::MAX)
             },

@@ -4,7 +4,7 @@
 
 use super::select::select_all;
 use super::{online, AlgoOverride, Choice, TuneCtx};
-use crate::algo::Problem;
+use crate::algo::{Algorithm, Problem};
 use crate::error::Result;
 
 /// What online tuning tries for `p` ([`online`]): [`select`]'s choice
@@ -15,7 +15,8 @@ use crate::error::Result;
 /// on top of those, the pick's streaming twin second where
 /// [`STREAM_MIN_BYTES`] says, or its direct-read twin second where
 /// [`CMA_TWIN_BYTES`] says (never both: one needs a core per rank, the
-/// other ranks that share cores).
+/// other ranks that share cores); for a Broadcast, the direct schedule
+/// with direct reads instead of the twin ([`BCAST_CMA_BYTES`]).
 pub(crate) fn candidates(
     p: &Problem,
     dtype: crate::DataType,
@@ -25,6 +26,7 @@ pub(crate) fn candidates(
     let mut v = select_all(p, dtype, None, env, ctx)?;
     let cheapest = v.iter().map(|c| c.us).fold(f64::INFINITY, f64::min);
     let pick = v[0];
+    let direct = v.iter().find(|c| c.algorithm == Algorithm::Direct).copied();
     // One choice: forced (`TUTTI_ALGO`), which leaves the stores alone too.
     let chose = v.len() > 1;
     let (spread, most) = online::spread(ctx.cpu_share);
@@ -44,25 +46,74 @@ pub(crate) fn candidates(
             },
         );
     }
-    if chose
-        && ctx.cma_trials
-        && ctx.cpu_share < 1.0
-        && cma_twin_may_pay(p.coll)
-        && p.count * dtype.size() >= CMA_TWIN_BYTES
-    {
-        out.insert(1, Choice { cma: true, ..pick });
+    if chose && ctx.cma_trials && ctx.cpu_share < 1.0 {
+        if let Some(twin) = cma_twin(p, dtype.size(), pick, direct) {
+            out.insert(1, twin);
+        }
     }
     Ok(out)
 }
 
-/// Whether online tuning tries `coll`'s direct-read twin where ranks share
-/// cores ([`CMA_TWIN_BYTES`]): AllToAll, and Scatter, whose readers copy
-/// their blocks out of the root's buffer in parallel where the root
-/// otherwise copies every byte into the rings.
-fn cma_twin_may_pay(coll: crate::algo::Collective) -> bool {
+/// The direct-read candidate where ranks share cores, if `p` has one:
+/// AllToAll and Scatter with blocks of [`CMA_TWIN_BYTES`] or more try the
+/// pick with direct reads; a Broadcast of [`BCAST_CMA_BYTES`] or more tries
+/// the direct schedule (`direct`: the model's price of it, if it priced
+/// it) with direct reads, whatever the pick, so that every non-root copies
+/// the message straight out of the root's buffer.
+fn cma_twin(p: &Problem, elem: usize, pick: Choice, direct: Option<Choice>) -> Option<Choice> {
     use crate::algo::Collective as C;
-    matches!(coll, C::AllToAll | C::Scatter { .. })
+    let bytes = p.count * elem;
+    match p.coll {
+        C::AllToAll | C::Scatter { .. } if bytes >= CMA_TWIN_BYTES => {
+            Some(Choice { cma: true, ..pick })
+        }
+        C::Broadcast { .. } if bytes >= BCAST_CMA_BYTES => {
+            let direct = direct.unwrap_or(Choice {
+                algorithm: Algorithm::Direct,
+                chunks: 1,
+                us: f64::NAN,
+                stream: false,
+                cma: false,
+            });
+            Some(Choice {
+                chunks: 1,
+                stream: false,
+                cma: true,
+                ..direct
+            })
+        }
+        _ => None,
+    }
 }
+
+/// The smallest message that goes direct ([`Choice::cma`]) in a call of
+/// `coll` whose plan reads directly: [`BCAST_CMA_BYTES`] for Broadcast,
+/// [`CMA_TWIN_BYTES`] otherwise.
+pub(crate) fn cma_direct_bytes(coll: crate::algo::Collective) -> usize {
+    match coll {
+        crate::algo::Collective::Broadcast { .. } => BCAST_CMA_BYTES,
+        _ => CMA_TWIN_BYTES,
+    }
+}
+
+/// Broadcasts of at least this many bytes try the
+/// direct schedule with direct reads ([`Choice::cma`]) where ranks share
+/// cores: the root publishes where its buffer is, and every other rank
+/// copies the whole message out of it with `process_vm_readv` when its
+/// turn on a core comes (as Open MPI's shared-memory transport does).
+/// Through the rings, the root copies every byte in once per reader (or a
+/// chain or tree forwards it, every hop needing both of its ranks to run),
+/// and the readers copy it out again.
+///
+/// This machine (4 ranks on 2 cores, 2026-12-06, `bench/before_after.sh`,
+/// 9 rounds, medians of the paired ratio; docs/performance.md, "Broadcast
+/// where ranks share cores"): the direct schedule reading directly from
+/// 64 KiB took 0.82x the time of the same schedule through the rings at
+/// 128 KiB, 0.55-0.61 at 256-512 KiB, 0.87 at 1 MiB, 0.88-1.01 at 2-8 MiB,
+/// 1.17 at 16 MiB, and 1.0-1.2 at 32-64 KiB; against Auto's pick through
+/// the rings, 0.70, 0.46-0.48, 0.75, 0.90-0.96 and 1.20. Which wins from
+/// 1 MiB up depends on the machine, so online tuning measures it.
+pub const BCAST_CMA_BYTES: usize = 128 << 10;
 
 /// Messages of at least this many bytes go direct in the direct-read twin
 /// ([`Choice::cma`]), which online tuning tries where ranks share cores for
@@ -80,9 +131,11 @@ fn cma_twin_may_pay(coll: crate::algo::Collective) -> bool {
 /// them close: measured, not priced. Scatter, forced, far apart: 4-16 MiB
 /// 1.5-2.2x faster (16 MiB 1264-1314 us against 2797-2821), close 1.3-2.4x
 /// slower below 8 MiB. Not Gather (slower far apart: its root reads every
-/// block), nor Broadcast (forced, far apart, 1.6x faster at 8-16 MiB in
-/// one run but slower at 1-4 MiB and close; tried as a twin, two runs far
-/// apart, Auto never kept it), nor the collectives that forward or reduce
+/// block), nor the pick of Broadcast (forced, far apart, 1.6x faster at
+/// 8-16 MiB in one run but slower at 1-4 MiB and close; tried as a twin of
+/// a chain or tree, which must receive a whole message before forwarding
+/// it, two runs far apart, Auto never kept it: Broadcast tries the direct
+/// schedule instead, [`BCAST_CMA_BYTES`]), nor the collectives that forward or reduce
 /// what they receive (mostly slower at 4 ranks). Not where every rank has
 /// a core: 2 ranks, AllToAll of 1 MiB took 110-157 us direct against 46-61
 /// (CPUs close) and 98-105 (far apart, streamed) through the rings.

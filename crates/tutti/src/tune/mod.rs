@@ -19,7 +19,8 @@ mod tests;
 use crate::algo::Algorithm;
 pub use crate::config::AlgoOverride;
 pub(crate) use candidates::candidates;
-pub use candidates::{CMA_TWIN_BYTES, STREAM_MIN_BYTES};
+pub(crate) use candidates::cma_direct_bytes;
+pub use candidates::{BCAST_CMA_BYTES, CMA_TWIN_BYTES, STREAM_MIN_BYTES};
 pub use cost::{CostModel, LinkClass, LinkCost};
 pub use price::{
     best_chunks, choose, choose_with, rank_algorithms, rank_among, search_chunks, CHUNK_CHOICES,
@@ -118,11 +119,12 @@ pub struct Choice {
     /// model never sets it: online tuning
     /// tries it beside the model's pick ([`online`]).
     pub stream: bool,
-    /// Shared-memory messages of [`CMA_TWIN_BYTES`] or more go direct:
+    /// Shared-memory messages of [`CMA_TWIN_BYTES`] or more (Broadcast:
+    /// [`BCAST_CMA_BYTES`]) go direct:
     /// the receiver reads them from the sender's buffer
     /// (`process_vm_readv`, one copy) instead of through the ring. The
     /// cost model never sets it: online tuning tries it beside the model's
-    /// pick where ranks share cores ([`CMA_TWIN_BYTES`]).
+    /// pick where ranks share cores ([`CMA_TWIN_BYTES`], [`BCAST_CMA_BYTES`]).
     pub cma: bool,
 }
 

@@ -270,7 +270,7 @@ fn the_pick_has_a_streaming_twin_where_it_may_pay() {
 
 /// Online tuning tries the pick a second time with direct reads where
 /// ranks share cores, for AllToAll and Scatter blocks of CMA_TWIN_BYTES
-/// or more,
+/// or more (Broadcast: the direct schedule, from BCAST_CMA_BYTES),
 /// where the hosts can read their ranks' memory; never beside the
 /// streaming twin, nor where the algorithm is forced.
 #[test]
@@ -295,7 +295,13 @@ fn the_pick_has_a_direct_read_twin_where_ranks_share_cores() {
         );
         assert!(!c[0].cma && c.iter().all(|x| !(x.cma && x.stream)), "{c:?}");
         if c.iter().any(|x| x.cma) {
-            assert_eq!(c[1], Choice { cma: true, ..c[0] });
+            if matches!(coll, Collective::Broadcast { .. }) {
+                // Broadcast tries the direct schedule, whatever the pick.
+                assert_eq!(c[1].algorithm, Algorithm::Direct, "{c:?}");
+                assert!(c[1].cma && c[1].chunks == 1, "{c:?}");
+            } else {
+                assert_eq!(c[1], Choice { cma: true, ..c[0] });
+            }
         }
         c.iter().filter(|x| x.cma).count()
     };
@@ -310,8 +316,29 @@ fn the_pick_has_a_direct_read_twin_where_ranks_share_cores() {
         twins(&shared, Collective::Scatter { root: 1 }, big - 1, &free),
         0
     );
+    // Broadcast: the whole buffer, from BCAST_CMA_BYTES.
+    let bcast = BCAST_CMA_BYTES / 4;
+    for root in [0, 2] {
+        let b = Collective::Broadcast { root };
+        assert_eq!(twins(&shared, b, bcast, &free), 1);
+        assert_eq!(twins(&shared, b, bcast - 1, &free), 0);
+        assert_eq!(twins(&shared, b, 64 * bcast, &free), 1);
+    }
     assert_eq!(
-        twins(&shared, Collective::Broadcast { root: 0 }, big, &free),
+        twins(
+            &TuneCtx {
+                cma_trials: true,
+                ..TuneCtx::single_host(4)
+            },
+            Collective::Broadcast { root: 0 },
+            bcast,
+            &free
+        ),
+        0
+    );
+    let tree = AlgoOverride::parse("tree").unwrap();
+    assert_eq!(
+        twins(&shared, Collective::Broadcast { root: 0 }, bcast, &tree),
         0
     );
     assert_eq!(
