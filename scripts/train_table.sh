@@ -25,6 +25,7 @@
 #   WIDTH (model width; default 5000 at 1gbit: 25.4 M parameters, 101 MB of f32 gradients;
 #   2240 at other links: 5.2 M, so a step moves about as long on a 200mbit link)
 #   BATCH=8 (per rank and micro-batch) LR_RUST=0.2 LR_TORCH=0.2 CONV_STEPS=300 PREFIX=tr
+#   TOPK_WARMUP=40 (converge: the dense synchronisations of the torch "tutti/topk+warmup" run)
 set -eu
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/train}
@@ -36,6 +37,7 @@ BATCH=${BATCH:-8}
 LR_RUST=${LR_RUST:-0.2}
 LR_TORCH=${LR_TORCH:-0.2}
 CONV_STEPS=${CONV_STEPS:-300}
+TOPK_WARMUP=${TOPK_WARMUP:-40}
 PREFIX=${PREFIX:-tr}
 RUST=target/release/examples/train_mlp
 TORCH=python/examples/train_torch.py
@@ -141,10 +143,11 @@ phase_converge() {
       --quiet "${x[@]}" > "$log" 2>&1 && record "$log" link=none hosts=2 impl=rust variant="$v" phase=converge ||
       echo "converge rust $v: FAILED"
   done
-  for v in tutti/none tutti/bf16 tutti/fp16 tutti/topk tutti/torch-fp16; do
-    local log="$OUT/log/converge-torch-${v//\//_}.txt"
+  for v in tutti/none tutti/bf16 tutti/fp16 tutti/topk tutti/torch-fp16 tutti/topk+warmup; do
+    local log="$OUT/log/converge-torch-${v//[\/+]/_}.txt" hook=${v#*/} extra=()
+    case $hook in topk+warmup) hook=topk extra=(--topk-warmup "$TOPK_WARMUP") ;; esac
     flock "$LOCK" timeout 600 target/release/tutti run -n 2 --master-port $((port++)) -- "$PY" "$TORCH" \
-      --steps "$CONV_STEPS" --width 256 --quiet --backend tutti --hook "${v#*/}" > "$log" 2>&1 &&
+      --steps "$CONV_STEPS" --width 256 --quiet --backend tutti --hook "$hook" "${extra[@]}" > "$log" 2>&1 &&
       record "$log" link=none hosts=2 impl=torch variant="$v" phase=converge || echo "converge torch $v: FAILED"
   done
 }

@@ -97,7 +97,7 @@ def hook_of(a, ddp):
     elif a.hook == "fp16":
         ddp.register_comm_hook(None, hooks.fp16_wire_hook)
     else:
-        ddp.register_comm_hook(hooks.TopKState(ratio=a.topk_ratio), hooks.topk_hook)
+        ddp.register_comm_hook(hooks.TopKState(ratio=a.topk_ratio, warmup_steps=a.topk_warmup), hooks.topk_hook)
 
 
 def steps(a, net, opt, protos, rank, n_steps, micro0, ddp=None, on_step=None):
@@ -136,6 +136,7 @@ def main():
     ap.add_argument("--backend", default="tutti", choices=["tutti", "gloo"])
     ap.add_argument("--hook", default="none", choices=["none", "bf16", "fp16", "topk", "torch-fp16"])
     ap.add_argument("--topk-ratio", type=float, default=0.01)
+    ap.add_argument("--topk-warmup", type=int, default=0, help="--hook topk: dense synchronisations first")
     ap.add_argument("--accum", type=int, default=1)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--width", type=int, default=256)
@@ -183,7 +184,8 @@ def main():
         tail = [l for _, l in curve[-5:]]
         print(json.dumps({
             "example": "train_torch", "backend": a.backend, "hook": a.hook,
-            "topk_ratio": a.topk_ratio if a.hook == "topk" else None, "ranks": n, "params": params,
+            "topk_ratio": a.topk_ratio if a.hook == "topk" else None,
+            "topk_warmup": a.topk_warmup if a.hook == "topk" else None, "ranks": n, "params": params,
             "accum": a.accum, "batch": a.batch, "steps": a.steps, "step_ms": round(step_ms, 2),
             "compute_ms": round(compute_ms, 2), "comm_share": round(max(0.0, 1 - compute_ms / step_ms), 4),
             "loss_first": round(curve[0][1], 5), "loss_last5": round(sum(tail) / len(tail), 5),

@@ -186,6 +186,39 @@ def _topk_error_feedback(ctx, ratio):
     return True
 
 
+def w_topk_warmup(ctx):
+    """TopKState(warmup_steps=2): the first two synchronisations are the plain average
+    (nothing held back), the third holds back; accumulation counts as one."""
+    import torch
+
+    from tutti.torch.hooks import TopKState, topk_hook
+
+    ctx.dist()
+    n, r = ctx.n, ctx.rank
+    model = _model()
+    ddp = _ddp(model, None)
+    state = TopKState(ratio=0.05, warmup_steps=2)
+    ddp.register_comm_hook(state, topk_hook)
+    for step in range(3):
+        micros = 2 if step == 1 else 1
+        every = [[_batch(q, step, m) for m in range(micros)] for q in range(n)]
+        per_rank = [_local_grads(model, b) for b in every]
+        ddp.zero_grad()
+        for m, (x, y) in enumerate(every[r]):
+            if m + 1 < micros:
+                with ddp.no_sync():
+                    torch.nn.functional.mse_loss(ddp(x), y).backward()
+            else:
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+        assert state.syncs == step + 1, (state.syncs, step)
+        dense = all(torch.allclose(p.grad.double(), sum(g[i] for g in per_rank) / n, rtol=1e-5, atol=1e-6)
+                    for i, p in enumerate(model.parameters()))
+        assert dense == (step < 2), f"step {step}: dense {dense}"
+        held = sum(float(v.abs().sum()) for v in state.residuals().values())
+        assert (held == 0.0) == (step < 2), f"step {step}: held back {held}"
+    return True
+
+
 def w_not_a_tutti_group(ctx):
     import torch
 
@@ -241,6 +274,10 @@ def test_topk_hook_ratio_one_is_the_average(ranks, route):
 @pytest.mark.parametrize("ratio,route", [(0.05, None), (0.3, "dense")])
 def test_topk_hook_error_feedback_loses_nothing(ranks, ratio, route):
     ranks.run(w_topk_error_feedback, ratio, route)
+
+
+def test_topk_hook_warmup_sends_dense(ranks):
+    ranks.run(w_topk_warmup)
 
 
 def test_hooks_reject_other_groups(ranks):

@@ -18,6 +18,8 @@ Register one on a ``DistributedDataParallel`` model whose process group is a tut
 * :func:`topk_hook` with a :class:`TopKState`: each rank sends only the ``ceil(ratio *
   len)`` entries of largest magnitude of each bucket, plus error feedback: what is not sent
   is kept (per bucket index, per parameter) and added to the next step's gradient.
+  ``TopKState(warmup_steps=W)`` sends the first ``W`` synchronisations dense (a plain
+  average), the dense warm-up of Deep Gradient Compression (Lin et al. 2018).
 
 Each hook returns at once with a ``torch.futures.Future`` that tutti's completer thread
 completes when the op is done, so the communication overlaps the rest of the backward
@@ -133,15 +135,26 @@ class TopKState:
     len)``, at least one), error feedback on or off, the process group (None: the DDP
     model's default group), and a residual per bucket index.
 
+    ``warmup_steps``: the first ``warmup_steps`` synchronisations send every entry (a plain
+    average over the group, nothing held back), then Top-K starts: the dense warm-up of
+    Deep Gradient Compression (Lin et al. 2018), which lets the early, fast-changing
+    gradients through undelayed. :attr:`syncs` counts the synchronisations so far.
+
     DDP rebuilds its buckets after the first iteration (by the order gradients became
     ready): a residual follows its parameters to their new bucket, so nothing held back is
     lost or misplaced. :meth:`residuals` shows what is held back, per parameter."""
 
-    def __init__(self, ratio: float = 0.01, error_feedback: bool = True, process_group: Any = None):
+    def __init__(self, ratio: float = 0.01, error_feedback: bool = True, process_group: Any = None,
+                 warmup_steps: int = 0):
         ratio = float(ratio)
         if not 0.0 < ratio <= 1.0:
             raise ValueError(f"TopKState: ratio {ratio} must be in (0, 1]")
+        if int(warmup_steps) < 0:
+            raise ValueError(f"TopKState: warmup_steps {warmup_steps} must be >= 0")
         self.ratio, self.error_feedback, self.process_group = ratio, bool(error_feedback), process_group
+        self.warmup_steps = int(warmup_steps)
+        #: Synchronisations so far (counted at each step's last bucket).
+        self.syncs = 0
         self._buckets: Dict[int, _Entry] = {}
         # Residuals of parameters whose bucket was rebuilt, until their new bucket comes.
         self._loose: Dict[int, np.ndarray] = {}
@@ -196,7 +209,8 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future
     the average over the group of what was sent, dense. The pairs travel as one AllGather
     (``k`` indices and values per rank) or, where the cost model finds it cheaper (``n * k``
     pairs outweigh the bucket), as an AllReduce of the scattered bucket; both are
-    asynchronous tutti ops. Register with ``ddp.register_comm_hook(TopKState(ratio=0.01),
+    asynchronous tutti ops. With ``state.warmup_steps`` the first synchronisations are a
+    dense AllReduce (average) instead. Register with ``ddp.register_comm_hook(TopKState(ratio=0.01),
     topk_hook)``."""
     if not isinstance(state, TopKState):
         raise TypeError(f"tutti.torch.hooks.topk_hook needs a tutti.torch.hooks.TopKState as its state (e.g. "
@@ -206,6 +220,18 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future
     g = buf.detach().numpy()  # shares the bucket's memory
     n_el = g.size
     e = state._entry(bucket, n_el)
+    warm = state.syncs < state.warmup_steps
+    if bucket.is_last():
+        state.syncs += 1
+    if warm:  # dense warm-up: the plain average; a carried residual goes with it
+        if e.pending is not None:
+            g += e.pending
+            e.pending = None
+        fut0: torch.futures.Future = torch.futures.Future()
+        p = buf.data_ptr()
+        comm._call(C.ALL_REDUCE, 0, C.F32, C.OP_AVG, n_el, p, n_el * 4, p, n_el * 4, None, True, buf,
+                   _completion(fut0, buf))
+        return fut0
     src = g if e.pending is None else g + e.pending
     e.pending = None
     idx, vals = e.topk.compress(src)

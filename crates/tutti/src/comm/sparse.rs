@@ -272,10 +272,7 @@ impl TopK {
             let values = order.iter().map(|&i| grad[i as usize]).collect();
             return Ok((order, values));
         }
-        for (r, g) in self.residual.iter_mut().zip(grad) {
-            *r += g;
-        }
-        let order = top_k_indices(&self.residual, k);
+        let order = add_and_select(&mut self.residual, grad, k);
         let values = order.iter().map(|&i| self.residual[i as usize]).collect();
         for &i in &order {
             self.residual[i as usize] = 0.0;
@@ -319,14 +316,44 @@ impl Communicator {
     }
 }
 
-/// The indices of the `k` entries of `acc` of largest magnitude, ascending
-/// (ties broken arbitrarily). One pass, not a selection over the whole
-/// vector: a threshold from a strided sample below which at most `k` of the
-/// largest can lie is checked by counting, and the exact selection then
-/// runs on the few candidates above it (the full selection if the sample
-/// misjudged).
-pub(crate) fn top_k_indices(acc: &[f32], k: usize) -> Vec<u32> {
+/// `acc += grad`, then [`top_k_indices`] of the sum, in one pass over the
+/// vectors where the sampled threshold holds: the sample is taken from the
+/// sum before it is stored, and the candidates are collected while adding.
+fn add_and_select(acc: &mut [f32], grad: &[f32], k: usize) -> Vec<u32> {
     let n = acc.len();
+    if k == 0 || n < 8192 || k * 8 > n {
+        for (r, g) in acc.iter_mut().zip(grad) {
+            *r += g;
+        }
+        return top_k_indices(acc, k);
+    }
+    let step = n / 4096;
+    let mut sample: Vec<f32> = (0..4096)
+        .map(|j| (acc[j * step] + grad[j * step]).abs())
+        .collect();
+    let t = sample_threshold(&mut sample, k, n);
+    let mut cands: Vec<u32> = Vec::with_capacity(4 * k);
+    for (i, (r, g)) in acc.iter_mut().zip(grad).enumerate() {
+        *r += g;
+        if r.abs().total_cmp(&t).is_ge() {
+            cands.push(i as u32);
+        }
+    }
+    select_from(acc, k, cands)
+}
+
+/// The magnitude above which about twice the wanted fraction of a 4096
+/// sample of a vector of `n` elements lies.
+fn sample_threshold(sample: &mut [f32], k: usize, n: usize) -> f32 {
+    let above = ((2 * k * 4096).div_ceil(n)).clamp(1, 4095);
+    let (_, t, _) = sample.select_nth_unstable_by(4096 - above, f32::total_cmp);
+    *t
+}
+
+/// The `k` of largest magnitude among `cands` (ascending), or among all of
+/// `acc` where the candidates cannot be right (fewer than `k`, or so many
+/// that the sample misjudged).
+fn select_from(acc: &[f32], k: usize, cands: Vec<u32>) -> Vec<u32> {
     let full = |cands: Vec<u32>| -> Vec<u32> {
         let mut order = cands;
         if k < order.len() {
@@ -338,30 +365,60 @@ pub(crate) fn top_k_indices(acc: &[f32], k: usize) -> Vec<u32> {
         order.sort_unstable();
         order
     };
-    if k == 0 {
-        return Vec::new();
-    }
-    if n < 8192 || k * 8 > n {
-        return full((0..n as u32).collect());
-    }
-    // A sample of 4096; the threshold sits at twice the wanted fraction.
-    let step = n / 4096;
-    let mut sample: Vec<f32> = (0..4096).map(|j| acc[j * step].abs()).collect();
-    let above = ((2 * k * 4096).div_ceil(n)).clamp(1, 4095);
-    let (_, t, _) = sample.select_nth_unstable_by(4096 - above, f32::total_cmp);
-    let t = *t;
-    let cands: Vec<u32> = (0..n as u32)
-        .filter(|&i| acc[i as usize].abs().total_cmp(&t).is_ge()) // NaN as in `full`
-        .collect();
     if cands.len() < k || cands.len() > 16 * k {
-        return full((0..n as u32).collect());
+        return full((0..acc.len() as u32).collect());
     }
     full(cands)
 }
 
+/// The indices of the `k` entries of `acc` of largest magnitude, ascending
+/// (ties broken arbitrarily). One pass, not a selection over the whole
+/// vector: a threshold from a strided sample below which at most `k` of the
+/// largest can lie is checked by counting, and the exact selection then
+/// runs on the few candidates above it (the full selection if the sample
+/// misjudged).
+pub(crate) fn top_k_indices(acc: &[f32], k: usize) -> Vec<u32> {
+    let n = acc.len();
+    if k == 0 {
+        return Vec::new();
+    }
+    if n < 8192 || k * 8 > n {
+        return select_from(acc, k, (0..n as u32).collect());
+    }
+    // A sample of 4096; the threshold sits at twice the wanted fraction.
+    let step = n / 4096;
+    let mut sample: Vec<f32> = (0..4096).map(|j| acc[j * step].abs()).collect();
+    let t = sample_threshold(&mut sample, k, n);
+    let cands: Vec<u32> = (0..n as u32)
+        .filter(|&i| acc[i as usize].abs().total_cmp(&t).is_ge()) // NaN as in `full`
+        .collect();
+    select_from(acc, k, cands)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::top_k_indices;
+    use super::{add_and_select, top_k_indices};
+
+    /// The fused add-and-select equals adding, then selecting.
+    #[test]
+    fn fused_add_and_select_matches() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 * if x & 1 == 0 { 1e-3 } else { -1e-3 }
+        };
+        let acc: Vec<f32> = (0..50_000).map(|_| next()).collect();
+        let grad: Vec<f32> = (0..50_000).map(|_| next()).collect();
+        for k in [0, 1, 50, 500, 5000, 50_000] {
+            let mut a = acc.clone();
+            let got = add_and_select(&mut a, &grad, k);
+            let sum: Vec<f32> = acc.iter().zip(&grad).map(|(r, g)| r + g).collect();
+            assert_eq!(a, sum);
+            assert_eq!(got, top_k_indices(&sum, k), "k = {k}");
+        }
+    }
 
     /// The sampled threshold selects the same set as a full selection
     /// (distinct magnitudes), for long vectors and a range of k.
