@@ -47,6 +47,26 @@ def _ddp(model, dist):
     return DDP(model, bucket_cap_mb=0.002)
 
 
+def _accumulating_steps(model, ddp, n, r, steps):
+    """Runs `steps` DDP steps on this rank's batches, step 1 accumulating two
+    micro-batches under `no_sync`; yields (step, every rank's local gradients)
+    after each backward, for the caller to compare with the synced ones."""
+    import torch
+
+    for step in range(steps):
+        micros = 2 if step == 1 else 1
+        every = [[_batch(q, step, m) for m in range(micros)] for q in range(n)]
+        per_rank = [_local_grads(model, b) for b in every]
+        ddp.zero_grad()
+        for m, (x, y) in enumerate(every[r]):
+            if m + 1 < micros:
+                with ddp.no_sync():
+                    torch.nn.functional.mse_loss(ddp(x), y).backward()
+            else:
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+        yield step, per_rank
+
+
 def w_wire_hook(ctx, wire):
     import torch
 
@@ -126,17 +146,7 @@ def _topk_all(ctx):
     model = _model()
     ddp = _ddp(model, dist)
     ddp.register_comm_hook(TopKState(ratio=1.0), topk_hook)
-    for step in range(3):
-        micros = 2 if step == 1 else 1
-        every = [[_batch(q, step, m) for m in range(micros)] for q in range(n)]
-        per_rank = [_local_grads(model, b) for b in every]
-        ddp.zero_grad()
-        for m, (x, y) in enumerate(every[r]):
-            if m + 1 < micros:
-                with ddp.no_sync():
-                    torch.nn.functional.mse_loss(ddp(x), y).backward()
-            else:
-                torch.nn.functional.mse_loss(ddp(x), y).backward()
+    for step, per_rank in _accumulating_steps(model, ddp, n, r, 3):
         for i, p in enumerate(model.parameters()):
             want = sum(g[i] for g in per_rank) / n
             torch.testing.assert_close(p.grad.double(), want, rtol=1e-5, atol=1e-6)
@@ -199,17 +209,7 @@ def w_topk_warmup(ctx):
     ddp = _ddp(model, None)
     state = TopKState(ratio=0.05, warmup_steps=2)
     ddp.register_comm_hook(state, topk_hook)
-    for step in range(3):
-        micros = 2 if step == 1 else 1
-        every = [[_batch(q, step, m) for m in range(micros)] for q in range(n)]
-        per_rank = [_local_grads(model, b) for b in every]
-        ddp.zero_grad()
-        for m, (x, y) in enumerate(every[r]):
-            if m + 1 < micros:
-                with ddp.no_sync():
-                    torch.nn.functional.mse_loss(ddp(x), y).backward()
-            else:
-                torch.nn.functional.mse_loss(ddp(x), y).backward()
+    for step, per_rank in _accumulating_steps(model, ddp, n, r, 3):
         assert state.syncs == step + 1, (state.syncs, step)
         dense = all(torch.allclose(p.grad.double(), sum(g[i] for g in per_rank) / n, rtol=1e-5, atol=1e-6)
                     for i, p in enumerate(model.parameters()))
