@@ -260,6 +260,14 @@ impl Job {
                 start.elapsed() > limit || first_failure.is_some_and(|t| t.elapsed() > grace);
             if expired {
                 killed = true;
+                let live: Vec<(usize, u32)> = self
+                    .children
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, _)| status[*k].is_none())
+                    .map(|(_, (i, c, _))| (*i, c.id()))
+                    .collect();
+                hang_report(&self.dir, &live);
                 for (k, (_, c, _)) in self.children.iter_mut().enumerate() {
                     if status[k].is_none() {
                         let _ = c.kill();
@@ -300,6 +308,84 @@ impl Job {
         }
         panic!("{report}");
     }
+}
+
+/// Before a job's live children are killed, writes what each was doing to
+/// `hang.txt` in the job's directory (whose path the failure names) and to
+/// standard error: every thread's name, state, CPU time (twice, a second
+/// apart: a spinning thread gains, a sleeping one does not) and kernel wait
+/// channel, and, where `gdb` is installed, every thread's stack. So a hang
+/// in CI says where it hung.
+fn hang_report(dir: &Path, live: &[(usize, u32)]) {
+    let threads = |pid: u32| -> Vec<(String, String)> {
+        let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Vec::new();
+        };
+        let mut v: Vec<(String, String)> = rd
+            .flatten()
+            .map(|e| {
+                let t = e.path();
+                let read = |f: &str| std::fs::read_to_string(t.join(f)).unwrap_or_default();
+                // stat: "tid (comm) state ... utime stime" (fields 14, 15).
+                let stat = read("stat");
+                let after = stat.rsplit_once(") ").map_or("", |(_, a)| a);
+                let f: Vec<&str> = after.split_whitespace().collect();
+                let cpu = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+                let line = format!(
+                    "{} state {} cpu {} ticks wchan {}",
+                    read("comm").trim(),
+                    f.first().unwrap_or(&"?"),
+                    cpu(11) + cpu(12),
+                    read("wchan").trim()
+                );
+                (e.file_name().to_string_lossy().into_owned(), line)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before: Vec<Vec<(String, String)>> = live.iter().map(|&(_, p)| threads(p)).collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let mut out = String::from("=== live ranks when the hard timeout struck\n");
+    for (k, &(rank, pid)) in live.iter().enumerate() {
+        out += &format!("--- rank {rank} (pid {pid})\n");
+        for (tid, line) in threads(pid) {
+            let was = before[k].iter().find(|(t, _)| *t == tid);
+            out += &format!(
+                "    tid {tid}: {line} (a second before: {})\n",
+                was.map_or("-", |w| &w.1)
+            );
+        }
+        let gdb = Command::new("timeout")
+            .args([
+                "20",
+                "gdb",
+                "-p",
+                &pid.to_string(),
+                "-batch",
+                "-ex",
+                "thread apply all bt",
+            ])
+            .stdin(Stdio::null())
+            .output();
+        if let Ok(o) = gdb {
+            // Each thread's innermost 16 frames, without the toolchain's paths.
+            let mut depth = 0;
+            for l in String::from_utf8_lossy(&o.stdout).lines() {
+                if l.starts_with("Thread") {
+                    depth = 0;
+                } else if !l.starts_with('#') || depth >= 16 {
+                    continue;
+                } else {
+                    depth += 1;
+                }
+                let l = l.split(" at /rustc/").next().unwrap_or(l);
+                out += &format!("    {l}\n");
+            }
+        }
+    }
+    let _ = std::fs::write(dir.join("hang.txt"), &out);
+    eprint!("{out}");
 }
 
 fn tail(p: &Path, lines: usize) -> String {
