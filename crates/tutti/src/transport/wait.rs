@@ -110,6 +110,11 @@ impl Backoff {
     }
 }
 
+/// How many rounds in a row that moved something a loop runs between
+/// looks at abort and the deadline ([`Watch::check_busy`]): a clock read
+/// per this many rounds costs nothing measurable.
+pub(crate) const BUSY_CHECK_EVERY: u32 = 1024;
+
 /// The longest sleep of a wait: an abort, a dead peer or the deadline is
 /// noticed at most this late.
 pub(crate) const MAX_NAP: Duration = Duration::from_millis(20);
@@ -158,6 +163,23 @@ impl<'a> Watch<'a> {
             every,
             last: None,
         }
+    }
+
+    /// For a loop that keeps moving: whether the op was aborted or its
+    /// deadline (set here if no wait set it yet) has passed. Called every
+    /// [`BUSY_CHECK_EVERY`] rounds that moved something, so that an op
+    /// whose rounds always move a little but never end (a bug: nothing
+    /// legitimate does that for longer than the timeout) still fails with
+    /// the typed error instead of hanging with no word.
+    pub(crate) fn check_busy(&self, deadline: &mut Option<Instant>) -> Result<(), Ended> {
+        if self.abort.load(Ordering::Relaxed) {
+            return Err(Ended::Aborted);
+        }
+        let now = Instant::now();
+        if now >= *deadline.get_or_insert(crate::config::deadline_after(now, self.timeout)) {
+            return Err(Ended::Deadline);
+        }
+        Ok(())
     }
 
     /// Checks the world: `deadline` is set at the first check (now +
@@ -267,5 +289,27 @@ pub(crate) fn poll(fds: &mut [libc::pollfd], nap: Duration) {
         std::thread::sleep(nap.min(Duration::from_millis(1)));
     } else {
         sys::ppoll(fds, nap);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_loop_sees_the_deadline_and_abort() {
+        let abort = AtomicBool::new(false);
+        let w = Watch::new(&abort, Duration::from_secs(3600), Duration::ZERO);
+        let mut d = None;
+        assert!(w.check_busy(&mut d).is_ok());
+        assert!(d.is_some(), "the first look sets the deadline");
+        // A deadline set by an earlier wait is kept, and once past, ends it.
+        let mut past = Some(Instant::now() - Duration::from_millis(1));
+        assert!(matches!(w.check_busy(&mut past), Err(Ended::Deadline)));
+        abort.store(true, Ordering::Relaxed);
+        assert!(matches!(w.check_busy(&mut d), Err(Ended::Aborted)));
+        let zero = AtomicBool::new(false);
+        let w = Watch::new(&zero, Duration::ZERO, Duration::ZERO);
+        assert!(matches!(w.check_busy(&mut None), Err(Ended::Deadline)));
     }
 }

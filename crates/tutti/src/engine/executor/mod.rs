@@ -199,6 +199,7 @@ fn run(
             waiter.add(l);
         }
     }
+    let mut busy = 0u32;
     loop {
         let mut moved = start_ready(
             sched,
@@ -215,6 +216,14 @@ fn run(
         }
         if moved {
             backoff.reset();
+            busy = busy.wrapping_add(1);
+            if busy.is_multiple_of(wait::BUSY_CHECK_EVERY) {
+                match watch.check_busy(&mut env.deadline) {
+                    Ok(()) => {}
+                    Err(Ended::Aborted) => return Err(Error::Aborted),
+                    Err(Ended::Deadline) => return Err(timeout_error(env, pad)),
+                }
+            }
             continue;
         }
         if backoff.keep_polling() {
