@@ -15,7 +15,9 @@
 #     perf 1gbit      tutti perf all_reduce 16 MiB and 64 MiB, f32 and --wire bf16 alternated
 #                     ROUNDS (default 5) times, on 2 hosts
 #     converge        train_mlp and train_torch at a small size on 2 local ranks (no link
-#                     limit), CONV_STEPS (default 300) steps, every exchange
+#                     limit), every exchange, Top-K also after a dense warm-up; train_mlp
+#                     CONV_STEPS_RUST (default 2000) steps (its f32 loss flattens after
+#                     about 400), train_torch CONV_STEPS (default 300)
 #     report          writes $OUT/table.md, $OUT/targets.md and docs/img/train_loss_*.svg
 #   Every run takes the exclusive bench lock (flock /work/bench.lock) for itself alone, so
 #   other builds proceed between runs. Results: one JSON line per run in $OUT/runs.jsonl
@@ -24,8 +26,10 @@
 # Knobs (environment): OUT=bench/train PY=.venv/bin/python STEPS=20 HOSTS="2 4" ROUNDS=5
 #   WIDTH (model width; default 5000 at 1gbit: 25.4 M parameters, 101 MB of f32 gradients;
 #   2240 at other links: 5.2 M, so a step moves about as long on a 200mbit link)
-#   BATCH=8 (per rank and micro-batch) LR_RUST=0.2 LR_TORCH=0.2 CONV_STEPS=300 PREFIX=tr
+#   BATCH=8 (per rank and micro-batch) LR_RUST=0.2 LR_TORCH=0.2 CONV_STEPS=300
+#   CONV_STEPS_RUST=2000 PREFIX=tr
 #   TOPK_WARMUP=40 (converge: the dense synchronisations of the torch "tutti/topk+warmup" run)
+#   RUST_TOPK_WARMUP=100 (converge: the same for the Rust "topk+warmup" run)
 set -eu
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/train}
@@ -37,7 +41,9 @@ BATCH=${BATCH:-8}
 LR_RUST=${LR_RUST:-0.2}
 LR_TORCH=${LR_TORCH:-0.2}
 CONV_STEPS=${CONV_STEPS:-300}
+CONV_STEPS_RUST=${CONV_STEPS_RUST:-2000}
 TOPK_WARMUP=${TOPK_WARMUP:-40}
+RUST_TOPK_WARMUP=${RUST_TOPK_WARMUP:-100}
 PREFIX=${PREFIX:-tr}
 RUST=target/release/examples/train_mlp
 TORCH=python/examples/train_torch.py
@@ -136,10 +142,14 @@ phase_perf() {
 
 phase_converge() {
   local port=$((20000 + RANDOM % 9000))
-  for v in f32 bf16 f16 topk; do
-    case $v in topk) x=(--topk 0.01) ;; *) x=(--wire "$v") ;; esac
-    local log="$OUT/log/converge-rust-$v.txt"
-    flock "$LOCK" timeout 600 target/release/tutti run -n 2 -- "$RUST" --steps "$CONV_STEPS" --hidden 256 \
+  for v in f32 bf16 f16 topk topk+warmup; do
+    case $v in
+      topk) x=(--topk 0.01) ;;
+      topk+warmup) x=(--topk 0.01 --topk-warmup "$RUST_TOPK_WARMUP") ;;
+      *) x=(--wire "$v") ;;
+    esac
+    local log="$OUT/log/converge-rust-${v//+/_}.txt"
+    flock "$LOCK" timeout 600 target/release/tutti run -n 2 -- "$RUST" --steps "$CONV_STEPS_RUST" --hidden 256 \
       --quiet "${x[@]}" > "$log" 2>&1 && record "$log" link=none hosts=2 impl=rust variant="$v" phase=converge ||
       echo "converge rust $v: FAILED"
   done
@@ -233,10 +243,14 @@ for impl, f32v in (("rust", "f32"), ("torch", "tutti/none")):
         s = smooth(r["curve"])
         hit = next((i + 1 for i, x in enumerate(s) if x <= target), None)
         lt = [l for _, l in r["curve"][-50:]]
+        # The second half, paired by step with f32 (the same batches): the plateau's gap.
+        half = [x[1] - y[1] for x, y in zip(r["curve"][n // 2:], ref["curve"][n // 2:])]
+        gap = (f"; second half {statistics.mean(l for _, l in r['curve'][n // 2:]):.4f}, paired difference "
+               f"from f32 {statistics.mean(half):+.4f}") if var != f32v and len(half) > 1 else ""
         t.append(f"- converge, {impl}, {var}: mean loss of the last 50 of {n} steps {statistics.mean(lt):.4f} "
                  f"(f32 {statistics.mean(tail):.4f} +- {noise:.4f} s.e.); reaches f32's final smoothed loss "
                  f"{target:.4f} at step {hit if hit else 'never'} (f32: {steps_f32}; ratio "
-                 f"{(hit / steps_f32) if hit else float('inf'):.2f})")
+                 f"{(hit / steps_f32) if hit else float('inf'):.2f}){gap}")
 open(f"{out}/targets.md", "w").write("\n".join(t) + "\n")
 
 # The plots: loss against wall time.

@@ -24,14 +24,16 @@
 //! Without a launcher it runs as one rank alone.
 //!
 //! Flags: `--wire f32|bf16|f16`, `--topk RATIO` (error feedback on),
-//! `--accum N`, `--steps N`, `--hidden H`, `--depth D`, `--batch B` (per
-//! rank and micro-step), `--lr X`, `--bucket-mb M`, `--quiet` (no per-step
-//! lines). Rank 0 prints one line per optimizer step (the mean loss over
-//! the ranks, the step's wall time, and the time spent in `GradSync`:
-//! `mark_ready`, which issues buckets and does the Top-K selection, plus
-//! `wait`, i.e. the communication not hidden behind the backward pass),
-//! then one JSON line with medians over the steps after the first two and
-//! the loss curve against wall time.
+//! `--topk-warmup W` (with `--topk`: the first W synchronisations dense,
+//! `GradSync::top_k_warmup`), `--accum N`, `--steps N`, `--hidden H`,
+//! `--depth D`, `--batch B` (per rank and micro-step), `--lr X`,
+//! `--bucket-mb M`, `--quiet` (no per-step lines). Rank 0 prints one
+//! line per optimizer step (the mean loss over the ranks, the step's wall
+//! time, and the time spent in `GradSync`: `mark_ready`, which issues
+//! buckets and does the Top-K selection, plus `wait`, i.e. the
+//! communication not hidden behind the backward pass), then one JSON line
+//! with medians over the steps after the first two and the loss curve
+//! against wall time.
 
 use std::time::Instant;
 use tutti::{Communicator, DataType, GradSync, ReduceOp};
@@ -44,6 +46,7 @@ const SIGNAL: f32 = 0.15;
 struct Args {
     wire: Option<DataType>,
     topk: Option<f64>,
+    topk_warmup: usize,
     accum: usize,
     steps: usize,
     hidden: usize,
@@ -58,6 +61,7 @@ fn parse() -> Result<Args, String> {
     let mut a = Args {
         wire: None,
         topk: None,
+        topk_warmup: 0,
         accum: 1,
         steps: 50,
         hidden: 256,
@@ -85,6 +89,7 @@ fn parse() -> Result<Args, String> {
                 }
             }
             "--topk" => a.topk = Some(num(&v)?).filter(|&r| r > 0.0),
+            "--topk-warmup" => a.topk_warmup = num(&v)? as usize,
             "--accum" => a.accum = num(&v)? as usize,
             "--steps" => a.steps = num(&v)? as usize,
             "--hidden" => a.hidden = num(&v)? as usize,
@@ -295,6 +300,9 @@ fn run(c: &Communicator, a: &Args) -> tutti::Result<()> {
     if let Some(r) = a.topk {
         gs = gs.top_k(r);
     }
+    if a.topk_warmup > 0 {
+        gs = gs.top_k_warmup(a.topk_warmup);
+    }
     let mut ids = Vec::new();
     for (j, l) in layers.iter().enumerate() {
         let w = gs.register(&format!("layer{j}.weight"), l.w.len())?;
@@ -302,6 +310,7 @@ fn run(c: &Communicator, a: &Args) -> tutti::Result<()> {
         ids.push((w, b));
     }
     let wire = match (a.topk, a.wire) {
+        (Some(r), _) if a.topk_warmup > 0 => format!("topk{r}+warmup{}", a.topk_warmup),
         (Some(r), _) => format!("topk{r}"),
         (None, Some(DataType::Bf16)) => "bf16".into(),
         (None, Some(DataType::F16)) => "f16".into(),

@@ -7,12 +7,18 @@
 //! over ranks, plus every rank's residual equals the sum of every gradient
 //! of every rank, exactly), accumulation included; bad input is a typed
 //! error; a step where a rank misses a gradient fails everywhere and loses
-//! nothing (what was sent goes back into the residual).
+//! nothing (what was sent goes back into the residual). With a dense
+//! warm-up of `W` synchronisations (`top_k_warmup`), the first `W` syncs
+//! leave the exact dense average with nothing held back, counted in
+//! syncs when accumulating, and the next sync is each rank's top `k`
+//! again, the invariant kept throughout; a failed warm-up step counts and
+//! loses nothing.
 
 mod common;
 
 use common::{Ctx, Transport};
 use std::collections::HashMap;
+use std::ops::Range;
 use tutti::{BucketOptions, Communicator, DataType, Error, GradSync, ReduceOp};
 
 /// Gradient lengths, registered in this order (bucket 0 holds the last).
@@ -90,12 +96,49 @@ rank_test!(
 );
 rank_test!(dense_reference_shm_4, Transport::Shm, 4, dense_reference);
 
-/// Ratio 0.1, accumulation of `every` micro-steps: the first sync is each
-/// rank's top `k` of each bucket summed; every sync keeps the invariant.
-fn sparse(c: &Communicator, _: &Ctx, every: usize) {
+/// What a sync of the micro-steps `steps` leaves (times `ranks * every`)
+/// when every residual is zero: rank q sends its `k` largest of each
+/// bucket of its accumulated gradients, summed over the ranks.
+fn top_k_reference(
+    bucket: &[usize],
+    buckets: usize,
+    n: usize,
+    ratio: f64,
+    steps: Range<usize>,
+) -> HashMap<(usize, usize), f32> {
+    let mut want: HashMap<(usize, usize), f32> = HashMap::new();
+    for k in 0..buckets {
+        let elems: Vec<(usize, usize)> = (0..GRADS.len())
+            .filter(|&t| bucket[t] == k)
+            .flat_map(|t| (0..GRADS[t]).map(move |i| (t, i)))
+            .collect();
+        let keep = ((elems.len() as f64 * ratio).ceil() as usize).min(elems.len());
+        for q in 0..n {
+            let acc = |&(t, i): &(usize, usize)| -> f32 {
+                steps.clone().map(|s| grad_val(q, s, t, i)).sum()
+            };
+            let mut by_size = elems.clone();
+            by_size.sort_by(|a, b| acc(b).abs().total_cmp(&acc(a).abs()));
+            for e in &by_size[..keep] {
+                *want.entry(*e).or_default() += acc(e);
+            }
+        }
+    }
+    want
+}
+
+/// Ratio 0.1, accumulation of `every` micro-steps, a dense warm-up of
+/// `warmup` syncs: each warm-up sync is the exact dense average with an
+/// empty residual; the first sync after it is each rank's top `k` of each
+/// bucket summed; every sync keeps the invariant.
+fn sparse(c: &Communicator, _: &Ctx, every: usize, warmup: usize) {
     let (n, r) = (c.size(), c.rank());
     let ratio = 0.1;
-    let (mut gs, ids) = new_sync(GradSync::new(c).top_k(ratio).sync_every(every));
+    let gs = GradSync::new(c)
+        .top_k(ratio)
+        .top_k_warmup(warmup)
+        .sync_every(every);
+    let (mut gs, ids) = new_sync(gs);
     let bucket: Vec<usize> = ids
         .iter()
         .map(|&t| gs.bucket_of(t).expect("bucket"))
@@ -103,7 +146,7 @@ fn sparse(c: &Communicator, _: &Ctx, every: usize) {
     // Running sums over every rank: of the gradients, and of what was sent.
     let mut grads_sum: Vec<Vec<f32>> = GRADS.iter().map(|&l| vec![0.0; l]).collect();
     let mut sent_sum = grads_sum.clone();
-    for step in 0..4 * every {
+    for step in 0..(warmup + 4) * every {
         fill(&mut gs, &ids, r, step);
         for (t, g) in grads_sum.iter_mut().enumerate() {
             for (i, x) in g.iter_mut().enumerate() {
@@ -114,30 +157,32 @@ fn sparse(c: &Communicator, _: &Ctx, every: usize) {
             continue;
         }
         let denom = (n * every) as f32; // a power of two here: exact
-        if step + 1 == every {
-            // The first sync: rank q sends its k largest of each bucket.
-            let mut want: HashMap<(usize, usize), f32> = HashMap::new();
-            for k in 0..gs.buckets() {
-                let elems: Vec<(usize, usize)> = (0..GRADS.len())
-                    .filter(|&t| bucket[t] == k)
-                    .flat_map(|t| (0..GRADS[t]).map(move |i| (t, i)))
-                    .collect();
-                let keep = ((elems.len() as f64 * ratio).ceil() as usize).min(elems.len());
-                for q in 0..n {
-                    let acc = |&(t, i): &(usize, usize)| -> f32 {
-                        (0..every).map(|s| grad_val(q, s, t, i)).sum()
-                    };
-                    let mut by_size = elems.clone();
-                    by_size.sort_by(|a, b| acc(b).abs().total_cmp(&acc(a).abs()));
-                    for e in &by_size[..keep] {
-                        *want.entry(*e).or_default() += acc(e);
-                    }
+        let sync = (step + 1) / every - 1;
+        let steps = sync * every..step + 1;
+        if sync < warmup {
+            // Warm-up: the dense average (integers: exact in any order),
+            // nothing held back.
+            for &t in &ids {
+                for (i, &g) in gs.grad(t).expect("grad").iter().enumerate() {
+                    let sum: f32 = (0..n)
+                        .flat_map(|q| steps.clone().map(move |s| grad_val(q, s, t, i)))
+                        .sum();
+                    assert_eq!(g, sum / denom, "warm-up sync {sync}, grad {t}[{i}]");
                 }
+                let res = gs.residual(t).expect("residual");
+                assert!(
+                    res.iter().all(|&x| x == 0.0),
+                    "warm-up sync {sync}: {res:?}"
+                );
             }
+        } else if sync == warmup {
+            // The first Top-K sync: rank q sends its k largest of each
+            // bucket (nothing held back before it).
+            let want = top_k_reference(&bucket, gs.buckets(), n, ratio, steps);
             for &t in &ids {
                 for (i, &g) in gs.grad(t).expect("grad").iter().enumerate() {
                     let w = want.get(&(t, i)).copied().unwrap_or(0.0) / denom;
-                    assert_eq!(g, w, "first sync, grad {t}[{i}]");
+                    assert_eq!(g, w, "first Top-K sync, grad {t}[{i}]");
                 }
                 // Every entry is nonzero: exactly len - k are held back.
             }
@@ -165,11 +210,22 @@ fn sparse(c: &Communicator, _: &Ctx, every: usize) {
 }
 
 fn sparse_1(c: &Communicator, x: &Ctx) {
-    sparse(c, x, 1)
+    sparse(c, x, 1, 0)
 }
 
 fn sparse_2(c: &Communicator, x: &Ctx) {
-    sparse(c, x, 2)
+    sparse(c, x, 2, 0)
+}
+
+/// Two dense syncs, then Top-K.
+fn warmup_1(c: &Communicator, x: &Ctx) {
+    sparse(c, x, 1, 2)
+}
+
+/// Two dense syncs of 2 micro-steps each (4 steps: counted in syncs, not
+/// micro-steps), then Top-K.
+fn warmup_2(c: &Communicator, x: &Ctx) {
+    sparse(c, x, 2, 2)
 }
 
 rank_test!(sparse_local_2, Transport::Local, 2, sparse_1);
@@ -177,6 +233,10 @@ rank_test!(sparse_local_4, Transport::Local, 4, sparse_1);
 rank_test!(sparse_accumulate_local_2, Transport::Local, 2, sparse_2);
 rank_test!(sparse_accumulate_shm_4, Transport::Shm, 4, sparse_2);
 rank_test!(sparse_tcp_2, Transport::Tcp, 2, sparse_1);
+rank_test!(warmup_local_2, Transport::Local, 2, warmup_1);
+rank_test!(warmup_shm_4, Transport::Shm, 4, warmup_1);
+rank_test!(warmup_accumulate_shm_4, Transport::Shm, 4, warmup_2);
+rank_test!(warmup_accumulate_tcp_2, Transport::Tcp, 2, warmup_2);
 
 fn invalid(e: Error, words: &[&str]) {
     match &e {
@@ -190,7 +250,6 @@ fn invalid(e: Error, words: &[&str]) {
 }
 
 fn bad_input(c: &Communicator, _: &Ctx) {
-    let r = c.rank();
     for ratio in [0.0, -0.5, 1.5, f64::NAN] {
         let mut gs = GradSync::new(c).top_k(ratio);
         let a = gs.register("w", 8).expect("register");
@@ -211,9 +270,48 @@ fn bad_input(c: &Communicator, _: &Ctx) {
     let mut gs = GradSync::new(c);
     let w = gs.register("w", 8).expect("register");
     invalid(gs.residual(w).expect_err("dense"), &["'w'", "Top-K"]);
+    // A warm-up needs Top-K on its bucket.
+    let mut gs = GradSync::new(c).top_k_warmup(3);
+    gs.register("w", 8).expect("register");
+    invalid(
+        gs.wait().expect_err("warm-up without Top-K"),
+        &["bucket 0", "warm-up (3 synchronisations)", "needs Top-K"],
+    );
+    // Bucket 0 sets itself apart without a warm-up; bucket 1 keeps none.
+    let mut gs = GradSync::new(c)
+        .bucket_bytes(32)
+        .top_k_warmup(2)
+        .bucket_options(0, BucketOptions::dense().top_k(0.5));
+    gs.register("a", 8).expect("register");
+    gs.register("b", 8).expect("register");
+    invalid(
+        gs.wait().expect_err("bucket 1: warm-up without Top-K"),
+        &["bucket 1", "needs Top-K"],
+    );
+    let mut gs = GradSync::new(c)
+        .bucket_bytes(32)
+        .top_k(0.5)
+        .top_k_warmup(2)
+        .bucket_options(1, BucketOptions::dense());
+    let a = gs.register("a", 8).expect("register");
+    gs.register("b", 8).expect("register");
+    assert_eq!(gs.bucket_of(a).expect("laid out"), 1);
 
-    // Rank 1 forgets a gradient: every rank fails, nothing is lost.
-    let mut gs = GradSync::new(c).bucket_bytes(32).top_k(0.25);
+    for warmup in [0, 1] {
+        forgotten_gradient(c, warmup);
+    }
+    assert_eq!(c.error().map(|e| e.to_string()), None);
+}
+
+/// Rank 1 forgets a gradient: every rank fails, nothing is lost. With a
+/// warm-up of 1 the failed step is the warm-up step: it counts, so the
+/// next is Top-K.
+fn forgotten_gradient(c: &Communicator, warmup: usize) {
+    let r = c.rank();
+    let mut gs = GradSync::new(c)
+        .bucket_bytes(32)
+        .top_k(0.25)
+        .top_k_warmup(warmup);
     let a = gs.register("fc.weight", 8).expect("register");
     let b = gs.register("fc.bias", 8).expect("register");
     let g: Vec<f32> = (0..8).map(|i| (i + 1) as f32).collect();
@@ -243,7 +341,9 @@ fn bad_input(c: &Communicator, _: &Ctx) {
         gs.grad(b).expect("grad")[7],
         8.0 * (c.size() as f32) / c.size() as f32
     );
-    assert_eq!(c.error().map(|e| e.to_string()), None);
+    // Top-K (2 of 8): the smallest entry stayed back.
+    assert_eq!(gs.grad(b).expect("grad")[0], 0.0, "warm-up {warmup}");
+    assert_eq!(gs.residual(b).expect("residual")[0], 1.0);
 }
 
 rank_test!(bad_input_local_2, Transport::Local, 2, bad_input);

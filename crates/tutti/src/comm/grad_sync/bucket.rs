@@ -13,6 +13,11 @@
 //! AllReduces it. If the step turns out invalid (a rank's gradients not
 //! all marked ready, or an op failed), what was sent goes back into the
 //! residual: nothing is lost.
+//!
+//! A Top-K bucket with a warm-up ([`BucketOptions::top_k_warmup`]) sends
+//! its first synchronisations dense instead, the residual added in and
+//! then flushed (the residual holds what was sent until the step has
+//! succeeded, so a failed warm-up step loses nothing either).
 
 use super::super::sparse::top_k_indices;
 use super::super::{Communicator, Options, SparseRoute, TopK, Work};
@@ -33,7 +38,9 @@ const PAD: u32 = u32::MAX;
 /// let dense = BucketOptions::dense();
 /// let wire = BucketOptions::dense().wire(DataType::Bf16);
 /// let sparse = BucketOptions::dense().top_k(0.01);
+/// let warm = BucketOptions::dense().top_k(0.01).top_k_warmup(40);
 /// assert_ne!(wire, sparse);
+/// assert_eq!(warm.top_k_warmup, 40);
 /// # let _ = dense;
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -42,6 +49,10 @@ pub struct BucketOptions {
     pub wire: Option<DataType>,
     /// The Top-K ratio in `(0, 1]`, if any (error feedback is always on).
     pub top_k: Option<f64>,
+    /// How many of the bucket's first synchronisations go dense before
+    /// Top-K starts (0: none); only with `top_k`. See
+    /// [`top_k_warmup`](BucketOptions::top_k_warmup).
+    pub top_k_warmup: usize,
 }
 
 impl BucketOptions {
@@ -68,8 +79,36 @@ impl BucketOptions {
         }
     }
 
-    /// The rules: a ratio in `(0, 1]`, not both a wire and Top-K.
+    /// These options with a dense warm-up of `syncs` synchronisations
+    /// before Top-K starts (the warm-up of Deep Gradient Compression, Lin
+    /// et al. 2018): the bucket's first `syncs` synchronisations send
+    /// every entry in f32, the residual added in, so the result is the
+    /// plain average and nothing is held back (the residual is zero after
+    /// each successful warm-up step); Top-K with error feedback starts at
+    /// synchronisation `syncs + 1`. Synchronisations are counted, not
+    /// steps: with [`sync_every(n)`](super::GradSync::sync_every) a
+    /// warm-up of `W` lasts `W * n` steps. Every synchronisation the
+    /// bucket takes part in counts, a failed one included (it fails on
+    /// every rank alike, so the count stays the same everywhere). Needs
+    /// [`top_k`](BucketOptions::top_k): a warm-up without Top-K is an
+    /// error at first use.
+    pub fn top_k_warmup(self, syncs: usize) -> Self {
+        BucketOptions {
+            top_k_warmup: syncs,
+            ..self
+        }
+    }
+
+    /// The rules: a ratio in `(0, 1]`, not both a wire and Top-K, a
+    /// warm-up only with Top-K.
     pub(super) fn check(&self, k: usize) -> Result<()> {
+        if self.top_k_warmup > 0 && self.top_k.is_none() {
+            return Err(Error::arg(format!(
+                "GradSync: bucket {k}: a Top-K warm-up ({} synchronisations) needs Top-K on \
+                 the same bucket: set top_k(ratio) too, or no warm-up",
+                self.top_k_warmup
+            )));
+        }
         if let Some(r) = self.top_k {
             if !(r > 0.0 && r <= 1.0) {
                 return Err(Error::arg(format!(
@@ -118,7 +157,21 @@ pub(super) struct TopKState {
     select: TopK,
     pub residual: Vec<f32>,
     /// This step's pairs, until the step ends.
-    sent: Option<(Vec<u32>, Vec<f32>)>,
+    sent: Option<Sent>,
+    /// Dense synchronisations before Top-K starts.
+    warmup: usize,
+    /// Synchronisations started so far (every rank starts the same).
+    syncs: usize,
+}
+
+/// What a Top-K bucket sent this step, until the step ends.
+#[derive(Debug)]
+enum Sent {
+    /// (index, value) pairs, no longer in the residual.
+    Pairs(Vec<u32>, Vec<f32>),
+    /// A warm-up step: everything, the residual a copy of it until the
+    /// step succeeds.
+    Dense,
 }
 
 #[derive(Debug)]
@@ -147,6 +200,8 @@ impl Bucket {
                 select: TopK::new(len, ratio, false)?,
                 residual: vec![0.0; len],
                 sent: None,
+                warmup: opts.top_k_warmup,
+                syncs: 0,
             }),
             None => None,
         };
@@ -179,6 +234,25 @@ impl Bucket {
             )));
             return;
         };
+        t.syncs += 1;
+        if t.syncs <= t.warmup {
+            // Warm-up: the residual goes with the gradients and keeps a
+            // copy of what is sent until the step has succeeded.
+            if !invalid {
+                for (g, r) in d[..n].iter_mut().zip(&mut t.residual) {
+                    *g += *r;
+                    *r = *g;
+                }
+                t.sent = Some(Sent::Dense);
+            }
+            d[n] = flag;
+            self.flight = Some(Flight::Reduce(comm.all_reduce_async_with(
+                d,
+                ReduceOp::Sum,
+                &self.call,
+            )));
+            return;
+        }
         let (idx, val) = if invalid {
             (Vec::new(), Vec::new())
         } else {
@@ -221,7 +295,7 @@ impl Bucket {
                 Flight::Reduce(comm.all_reduce_async(d, ReduceOp::Sum))
             }
         });
-        t.sent = Some((idx, val));
+        t.sent = Some(Sent::Pairs(idx, val));
     }
 
     /// Waits for this step's reduction and puts the sums back in `data`
@@ -259,15 +333,18 @@ impl Bucket {
     }
 
     /// Ends a Top-K bucket's step: on a failed step, what was sent goes
-    /// back into the residual.
+    /// back into the residual; after a successful warm-up step the
+    /// residual is empty (everything was sent).
     pub fn settle(&mut self, failed: bool) {
         if let Some(t) = &mut self.topk {
-            if let Some((idx, val)) = t.sent.take() {
-                if failed {
+            match t.sent.take() {
+                Some(Sent::Pairs(idx, val)) if failed => {
                     for (&i, &v) in idx.iter().zip(&val) {
                         t.residual[i as usize] += v;
                     }
                 }
+                Some(Sent::Dense) if !failed => t.residual.fill(0.0),
+                _ => {}
             }
         }
     }

@@ -47,8 +47,9 @@ use bucket::{Bucket, Layout};
 ///
 /// Per bucket, gradients travel as f32, on a 16-bit wire
 /// ([`wire`](GradSync::wire)) or as Top-K pairs with error feedback
-/// ([`top_k`](GradSync::top_k)); [`bucket_options`](GradSync::bucket_options)
-/// sets one bucket apart.
+/// ([`top_k`](GradSync::top_k)), optionally after a dense warm-up
+/// ([`top_k_warmup`](GradSync::top_k_warmup));
+/// [`bucket_options`](GradSync::bucket_options) sets one bucket apart.
 ///
 /// Every rank registers the same gradients (names and lengths) in the same
 /// order, with the same options.
@@ -173,6 +174,45 @@ impl<'c> GradSync<'c> {
     /// ```
     pub fn top_k(mut self, ratio: f64) -> Self {
         self.all.top_k = Some(ratio);
+        self
+    }
+
+    /// This reducer with every bucket's first `syncs` synchronisations
+    /// dense before Top-K starts ([`BucketOptions::top_k_warmup`], the
+    /// dense warm-up of Deep Gradient Compression): during the warm-up
+    /// `wait` leaves the plain f32 average, the residual is sent along
+    /// and nothing is held back (the residual stays zero); from the
+    /// `syncs + 1`-th synchronisation on, Top-K with error feedback.
+    /// Synchronisations are counted, not steps: with
+    /// [`sync_every(n)`](GradSync::sync_every) the warm-up lasts
+    /// `syncs * n` steps. Needs [`top_k`](GradSync::top_k) (for every
+    /// bucket [`bucket_options`](GradSync::bucket_options) does not set
+    /// apart): a bucket with a warm-up and no Top-K is an error at first
+    /// use.
+    ///
+    /// ```
+    /// # let comms = tutti::Communicator::init_all(1)?;
+    /// let mut gs = tutti::GradSync::new(&comms[0]).top_k(0.25).top_k_warmup(1);
+    /// let w = gs.register("w", 4)?;
+    /// for step in 0..2 {
+    ///     gs.set_grad(w, &[1.0, -4.0, 3.0, 2.0])?;
+    ///     gs.mark_ready(w)?;
+    ///     gs.wait()?;
+    ///     if step == 0 {
+    ///         // Warm-up: everything sent, nothing held back.
+    ///         assert_eq!(gs.grad(w)?, &[1.0, -4.0, 3.0, 2.0]);
+    ///         assert_eq!(gs.residual(w)?, &[0.0; 4]);
+    ///     } else {
+    ///         // Top-K: 1 of 4 sent, the rest held back.
+    ///         assert_eq!(gs.grad(w)?, &[0.0, -4.0, 0.0, 0.0]);
+    ///         assert_eq!(gs.residual(w)?, &[1.0, 0.0, 3.0, 2.0]);
+    ///     }
+    ///     gs.zero_grad()?;
+    /// }
+    /// # Ok::<(), tutti::Error>(())
+    /// ```
+    pub fn top_k_warmup(mut self, syncs: usize) -> Self {
+        self.all.top_k_warmup = syncs;
         self
     }
 
