@@ -74,6 +74,12 @@ pub(crate) trait LinkOps {
     fn peer_failed(&self) -> bool {
         false
     }
+
+    /// Why the peer's host looks gone, where the link can tell (sockets
+    /// whose bytes go unacknowledged).
+    fn host_silent(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Declares the [`Link`](super::Link) enum, one variant per link type, and
@@ -129,6 +135,9 @@ macro_rules! links {
             }
             fn peer_failed(&self) -> bool {
                 match self { $( Link::$variant(l) => l.peer_failed(), )+ }
+            }
+            fn host_silent(&self) -> Option<String> {
+                match self { $( Link::$variant(l) => l.host_silent(), )+ }
             }
         }
     };

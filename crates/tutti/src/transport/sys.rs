@@ -185,6 +185,41 @@ pub(crate) fn ppoll(fds: &mut [libc::pollfd], timeout: Duration) {
     }
 }
 
+/// What the kernel says of a TCP socket's unacknowledged bytes: segments
+/// sent and not yet acknowledged, how many retransmission timeouts in a
+/// row have fired for them (reset by any acknowledgement), and the
+/// milliseconds since the last acknowledgement arrived. `None` if the
+/// socket cannot tell (not TCP, closed).
+pub(crate) fn tcp_unacked(fd: std::os::fd::RawFd) -> Option<TcpUnacked> {
+    // SAFETY: tcp_info is plain old data; all zeroes is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, which is
+    // that large, and sets `len` to what it wrote.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            &mut info as *mut libc::tcp_info as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(TcpUnacked {
+        segments: info.tcpi_unacked,
+        timeouts: info.tcpi_retransmits,
+        since_ack_ms: info.tcpi_last_ack_recv,
+    })
+}
+
+/// See [`tcp_unacked`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TcpUnacked {
+    pub segments: u32,
+    pub timeouts: u8,
+    pub since_ack_ms: u32,
+}
+
 pub(crate) use crate::topo::online_cpus;
 
 /// This process's id.

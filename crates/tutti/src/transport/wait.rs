@@ -204,11 +204,15 @@ impl<'a> Watch<'a> {
     }
 }
 
-/// Why a peer is known to be lost: it announced a failure (`link`), or its
-/// process (`pid`, for peers on this host) is gone.
+/// Why a peer is known to be lost: it announced a failure (`link`), its
+/// host stopped acknowledging what we sent it ([`LinkOps::host_silent`]),
+/// or its process (`pid`, for peers on this host) is gone.
 pub(crate) fn peer_lost(q: usize, link: Option<&Link>, pid: Option<i32>) -> Option<String> {
     if link.is_some_and(|l| l.peer_failed()) {
         return Some(format!("rank {q} failed or was aborted"));
+    }
+    if let Some(why) = link.and_then(|l| l.host_silent()) {
+        return Some(format!("rank {q}: {why}"));
     }
     pid.filter(|&pid| !sys::process_alive(pid))
         .map(|pid| format!("process {pid} is gone"))

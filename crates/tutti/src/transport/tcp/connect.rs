@@ -20,7 +20,7 @@ const SOCKET_BUFFER: usize = 4 << 20;
 
 /// Configures a connected socket for a lane: non-blocking, `TCP_NODELAY`,
 /// large buffers where the system allows them, keepalive and a user
-/// timeout; with several lanes, a short unsent queue.
+/// keepalive; with several lanes, a short unsent queue.
 pub(crate) fn configure(sock: &TcpStream, framing: Framing) -> Result<()> {
     sock.set_nonblocking(true)
         .and_then(|_| sock.set_nodelay(true))
@@ -52,18 +52,22 @@ pub(crate) fn configure(sock: &TcpStream, framing: Framing) -> Result<()> {
             )
         };
     }
-    // A peer whose host vanished sends no reset: data left unacknowledged
-    // for 0.6 s fails the connection (at the next retransmission) (and the
-    // failure then spreads to the other ranks at once); an idle connection
-    // is probed after a second of silence. A live peer's kernel
-    // acknowledges even while its process is busy, so slowness is not
-    // mistaken for death.
+    // A peer whose host vanished sends no reset. An idle connection is
+    // probed by keepalive after a second of silence; bytes of ours left
+    // unacknowledged (a liveness probe, a message) are found by the
+    // waiting side ([`Lanes::host_silent`]) after two retransmission
+    // timeouts, about 0.6 s; either way the failure then spreads to the
+    // other ranks at once. No TCP_USER_TIMEOUT: Linux applies it to a
+    // closed receive window too, so it cut the connections of a live rank
+    // that did not read for about a second (busy computing, say) while a
+    // peer had a few MiB queued for it (tests/slow_reader.rs). A live
+    // peer's kernel acknowledges whatever its process is doing, so
+    // slowness is not mistaken for death.
     let ka = socket2::TcpKeepalive::new()
         .with_time(Duration::from_secs(1))
         .with_interval(Duration::from_secs(1))
         .with_retries(1);
     let _ = s.set_tcp_keepalive(&ka);
-    let _ = s.set_tcp_user_timeout(Some(Duration::from_millis(600)));
     Ok(())
 }
 

@@ -6,7 +6,7 @@ use super::connect::configure;
 use super::framing::{is_ahead, nop_bytes, Expect, FrameSet, Framing, RxError, Sink};
 use super::framing::{FRAME_HDR_MAX, MAX_LANES, NOP};
 use crate::error::Result;
-use crate::transport::{Header, HEADER_BYTES};
+use crate::transport::{sys, Header, HEADER_BYTES};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
@@ -20,6 +20,13 @@ use std::time::{Duration, Instant};
 /// never takes bytes of the next one (unless a probe comes first: see
 /// [`Lanes::rx`]). Longer messages read their header alone, as before.
 pub(crate) const READ_AHEAD: usize = 4096;
+
+/// Retransmission timeouts in a row, with bytes still unacknowledged,
+/// after which a peer's host counts as gone ([`Lanes::host_silent`]): with
+/// Linux's 200 ms minimum and doubling, the second fires about 0.6 s
+/// after the bytes left, where the 0.6 s `TCP_USER_TIMEOUT` used to cut
+/// the connection.
+pub(crate) const LOST_AFTER_TIMEOUTS: u8 = 2;
 
 /// One socket of a link and where each direction stands on it.
 pub(crate) struct Lane {
@@ -623,6 +630,27 @@ impl Lanes {
     /// Whether lane `i` has a probe to finish writing.
     pub(crate) fn nop_pending(&self, i: usize) -> bool {
         self.lanes[i].nop_sent < self.framing.hdr_bytes()
+    }
+
+    /// Why the peer's host looks gone, if it does: a lane has bytes out
+    /// that [`LOST_AFTER_TIMEOUTS`] retransmission timeouts in a row have
+    /// not got acknowledged. A host that is up acknowledges whatever its
+    /// process is doing, also when its buffers are full and its window
+    /// closed (then nothing is in flight and no retransmission timer runs),
+    /// so this never takes a live rank that does not read for a while for
+    /// a dead one. (The kernel's `TCP_USER_TIMEOUT` would, which is why
+    /// it is not set: see [`super::connect::configure`].)
+    pub(crate) fn host_silent(&self) -> Option<String> {
+        self.lanes.iter().find_map(|l| {
+            let u = sys::tcp_unacked(l.sock.as_raw_fd())?;
+            (u.segments > 0 && u.timeouts >= LOST_AFTER_TIMEOUTS).then(|| {
+                format!(
+                    "its host stopped acknowledging TCP data ({} retransmissions, nothing \
+                     acknowledged for {} ms): it is down or cut off",
+                    u.timeouts, u.since_ack_ms
+                )
+            })
+        })
     }
 
     /// Closes every lane so that the peer notices at once.

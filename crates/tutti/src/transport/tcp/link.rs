@@ -103,8 +103,9 @@ impl TcpLink {
     }
 
     /// While we wait on a silent peer, sends a probe (between frames only)
-    /// so that a vanished host shows as a timed-out connection within about
-    /// a second instead of after keepalive's two.
+    /// so that a vanished host shows within about a second (the probe goes
+    /// unacknowledged: [`Lanes::host_silent`]) instead of after
+    /// keepalive's two.
     pub(crate) fn probe(&mut self, cx: &StepCx) -> Result<()> {
         if self.last_heard.elapsed() >= PROBE_AFTER && self.last_probe.elapsed() >= PROBE_AFTER {
             self.last_probe = Instant::now();
@@ -224,5 +225,8 @@ impl LinkOps for TcpLink {
     }
     fn pollfds(&self, send: Option<&SendMsg>, recv: bool, out: &mut Vec<libc::pollfd>) {
         TcpLink::pollfds(self, send, recv, out)
+    }
+    fn host_silent(&self) -> Option<String> {
+        self.lanes.host_silent()
     }
 }

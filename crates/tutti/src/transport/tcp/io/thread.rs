@@ -162,15 +162,21 @@ impl Side {
         moved
     }
 
-    /// Sends a liveness probe if the peer we wait for has been silent.
-    fn maybe_probe(&mut self, now: Instant) {
-        if self.rx_on
-            && !self.dead
-            && now.duration_since(self.last_heard) >= PROBE_AFTER
-            && now.duration_since(self.last_probe) >= PROBE_AFTER
-        {
+    /// Sends a liveness probe if the peer we wait for has been silent, and
+    /// fails the link if the peer's host no longer acknowledges what we
+    /// sent it (the probe, or a message: [`Lanes::host_silent`]).
+    fn maybe_probe(&mut self, p: &Port, now: Instant) {
+        if self.dead || now.duration_since(self.last_heard) < PROBE_AFTER {
+            return;
+        }
+        if self.rx_on && now.duration_since(self.last_probe) >= PROBE_AFTER {
             self.last_probe = now;
             self.lanes.start_probe();
+        }
+        if self.rx_on || self.tx_on {
+            if let Some(why) = self.lanes.host_silent() {
+                self.die(p, Failure::Io(why));
+            }
         }
     }
 
@@ -283,8 +289,8 @@ pub(super) fn io_thread(sh: &Shared, mut sides: Vec<Side>) {
             continue;
         }
         let now = Instant::now();
-        for s in sides.iter_mut() {
-            s.maybe_probe(now);
+        for (s, p) in sides.iter_mut().zip(&sh.ports) {
+            s.maybe_probe(p, now);
         }
         fds.clear();
         fds.push(libc::pollfd {
