@@ -165,12 +165,13 @@ impl<'a> Runner<'a> {
         *self.counts.entry(what).or_default() += 1;
         if let Err(e) = r {
             self.failed += 1;
+            let line = format!("rank {} [{}] {label}: {e}", self.r(), self.mode_name());
+            // Into the rank's log at once, with the time: a job that goes on
+            // after a failure (each later op waiting out its timeout, say)
+            // and is killed at the hard timeout still shows the first one.
+            eprintln!("FAILED after {:.2?}: {line}", self.start.elapsed());
             if self.failures.len() < 40 {
-                self.failures.push(format!(
-                    "rank {} [{}] {label}: {e}",
-                    self.r(),
-                    self.mode_name()
-                ));
+                self.failures.push(line);
             }
         }
     }
