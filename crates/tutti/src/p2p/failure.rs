@@ -175,6 +175,9 @@ impl State {
             }
         }
         let q = o.peer.expect("a moving op has its peer");
-        self.break_peer(q, e);
+        self.break_peer(q, e.clone());
+        // A pair broken before would have failed the op then; should one
+        // be left over all the same, it ends here, not never.
+        self.finish(op, Err(e));
     }
 }
