@@ -152,10 +152,10 @@ impl Shared {
     /// done, leaves the links alone and says nothing).
     pub fn shut_down(&self) {
         let mut st = self.state();
-        // Answers still queued (an Ack for a message this rank received)
-        // leave first, for a little while: the peer's send waits for them.
+        // Frames still queued (an Ack for a message this rank received,
+        // giving the peer its credit back) leave first, for a little while.
         let until = Instant::now() + Duration::from_secs(1);
-        while st.ops.is_empty() && !st.idle() && Instant::now() < until {
+        while st.ops.is_empty() && st.sending() && Instant::now() < until {
             if !self.round(&mut st) {
                 std::thread::yield_now();
             }

@@ -19,17 +19,21 @@
 //! arrival order, so a message never overtakes an earlier one of the same
 //! (peer, tag), however each travels.
 //!
-//! The send completes on the Ack, as a rendezvous send completes once its
-//! receive has taken it: so a receive that does not fit (too small, or an
-//! exact receive of another length) fails both sides here too, the receiver
-//! answering `Refuse {id, aux = buffer bytes}` instead and dropping the
-//! payload. A send whose deadline runs out while its message waits at the
-//! receiver says `Cancel {id}`: the receiver drops the message unmatched
-//! and acknowledges, giving the credit back.
+//! The send completes as soon as its payload has left (written into the
+//! ring or the socket), as MPI completes an eager send: the sender's buffer
+//! is free again and nothing waits for the receiver. A receive that does
+//! not fit (too small, or an exact receive of another length) fails at the
+//! receiver, which answers `Refuse {id, aux = buffer bytes}` instead of the
+//! Ack and drops the payload; the sender only takes its credit back (its
+//! send has long completed, as MPI reports a truncation at the receiver
+//! alone). A rendezvous send still fails on both sides.
 //!
 //! Nothing here can make a correct program hang: a message that finds no
 //! credit waits for its receive, exactly as without the eager path, and
-//! credit only comes back (it is never needed to make an Ack).
+//! credit only comes back (it is never needed to make an Ack). Nor does an
+//! eager send wait on anything once it is posted but its own link: a peer
+//! that dies after the payload left is reported by the ops that still
+//! involve it (a receive from it, a later send to it).
 
 use super::peer::{drop_payload, Body, Dest, Inbound, Offer, Out};
 use super::progress::State;
@@ -45,56 +49,43 @@ pub(crate) const EAGER_BYTES: usize = 16 << 10;
 /// matched and acknowledged by the receiver.
 pub(crate) const CREDIT_BYTES: usize = 256 << 10;
 
-/// A sender's eager messages to one peer that are not yet acknowledged.
+/// A sender's eager messages to one peer that are not yet answered.
 #[derive(Default)]
 pub(super) struct Credit {
     /// Their bytes (at most [`CREDIT_BYTES`]).
     used: usize,
-    /// By message id: the send (`None`: it gave up) and the length.
-    unacked: FxHashMap<u64, (Option<u64>, usize)>,
+    /// Their lengths, by message id.
+    unacked: FxHashMap<u64, usize>,
 }
 
 impl Credit {
-    /// Whether any eager message waits for its Ack.
-    pub fn outstanding(&self) -> bool {
-        !self.unacked.is_empty()
-    }
-
-    /// Takes credit for message `id` of send `op`, `len` bytes, if the
-    /// pair has enough.
-    fn take(&mut self, id: u64, op: u64, len: usize) -> bool {
+    /// Takes credit for message `id` of `len` bytes, if the pair has
+    /// enough.
+    fn take(&mut self, id: u64, len: usize) -> bool {
         if self.used + len > CREDIT_BYTES {
             return false;
         }
         self.used += len;
-        self.unacked.insert(id, (Some(op), len));
+        self.unacked.insert(id, len);
         true
     }
 
-    /// Message `id` was answered: its credit comes back. `None` if it was
-    /// not waiting; else its send, if that still waits.
-    fn settle(&mut self, id: u64) -> Option<Option<u64>> {
-        let (op, len) = self.unacked.remove(&id)?;
-        self.used -= len;
-        Some(op)
-    }
-
-    /// The send of message `id` gave up; true if the message was eager
-    /// (and still holds credit, until the receiver answers).
-    pub fn forget(&mut self, id: u64) -> bool {
-        match self.unacked.get_mut(&id) {
-            Some(e) => {
-                e.0 = None;
+    /// Message `id` was answered: its credit comes back. False if it was
+    /// not waiting for an answer.
+    fn settle(&mut self, id: u64) -> bool {
+        match self.unacked.remove(&id) {
+            Some(len) => {
+                self.used -= len;
                 true
             }
             None => false,
         }
     }
 
-    /// The link broke: the sends still waiting, and all credit back.
-    pub fn drain(&mut self) -> impl Iterator<Item = u64> + '_ {
+    /// The link broke: all credit back (the sends completed already).
+    pub fn drain(&mut self) {
         self.used = 0;
-        self.unacked.drain().filter_map(|(_, (op, _))| op)
+        self.unacked.clear();
     }
 }
 
@@ -105,7 +96,7 @@ impl State {
         let o = self.ops.get_mut(&op).expect("posted");
         let (id, tag, len) = (o.id, o.post.tag, o.post.len);
         let p = &mut self.peers[peer];
-        if len == 0 || len > EAGER_BYTES || !p.credit.take(id, op, len) {
+        if len == 0 || len > EAGER_BYTES || !p.credit.take(id, len) {
             return false;
         }
         o.moving = true;
@@ -117,47 +108,16 @@ impl State {
         true
     }
 
-    /// Eager send `op`'s payload has left: the send completes with the
-    /// receiver's answer, now if it came already.
-    pub(super) fn eager_left(&mut self, op: u64) {
-        let Some(o) = self.ops.get_mut(&op) else {
-            return;
-        };
-        o.moving = false;
-        if let Some(r) = o.answer.take() {
-            self.finish(op, r);
-        }
-    }
-
-    /// Completes eager send `op` with the receiver's answer `r` (once its
-    /// payload has left).
-    fn eager_answer(&mut self, op: u64, r: Result<()>) {
-        match self.ops.get_mut(&op) {
-            Some(o) if o.moving => o.answer = Some(r),
-            Some(_) => self.finish(op, r),
-            None => {}
-        }
-    }
-
-    /// `q` acknowledged eager message `id`; false if none was waiting.
+    /// `q` acknowledged eager message `id`: its credit comes back. False
+    /// if none was waiting.
     pub(super) fn eager_acked(&mut self, q: usize, id: u64) -> bool {
-        match self.peers[q].credit.settle(id) {
-            None => false,
-            Some(None) => true,
-            Some(Some(op)) => {
-                self.eager_answer(op, Ok(()));
-                true
-            }
-        }
+        self.peers[q].credit.settle(id)
     }
 
-    /// `q` refused eager message `id`: its receive holds `buffer` bytes,
-    /// which the message does not fit.
-    pub(super) fn eager_refused(&mut self, q: usize, id: u64, buffer: usize) {
-        if let Some(Some(op)) = self.peers[q].credit.settle(id) {
-            let e = self.size_mismatch(op, q, buffer);
-            self.eager_answer(op, Err(e));
-        }
+    /// `q` refused eager message `id` (its receive failed with the size
+    /// mismatch): its credit comes back. False if none was waiting.
+    pub(super) fn eager_refused(&mut self, q: usize, id: u64) -> bool {
+        self.peers[q].credit.settle(id)
     }
 
     /// An eager message of `len` bytes from `q` begins: straight into the
@@ -228,19 +188,5 @@ impl State {
         let mut c = Ctrl::new(Kind::Refuse, id);
         c.aux = self.ops[&op].post.len as u64;
         self.send_ctrl(q, c);
-    }
-
-    /// `q` gave up its eager message `id`: dropped unmatched (with its
-    /// credit given back), unless a receive took it already.
-    pub(super) fn eager_cancelled(&mut self, q: usize, id: u64) {
-        let p = &mut self.peers[q];
-        let i = p
-            .offers
-            .iter()
-            .position(|o| o.id == id && matches!(o.body, Body::Eager(_)));
-        if let Some(i) = i {
-            p.offers.remove(i);
-            self.send_ctrl(q, Ctrl::new(Kind::Ack, id));
-        }
     }
 }

@@ -17,8 +17,8 @@ pub(super) enum Out {
     Ctrl(Box<[u8; CTRL_BYTES]>, Option<u64>),
     /// A rendezvous send's payload: the send completes once it has left.
     Payload(u64),
-    /// An eager send's payload: the send completes once it has left and
-    /// the receiver has acknowledged it.
+    /// An eager send's payload: the send completes once it has left (the
+    /// receiver's answer only gives the credit back).
     Eager(u64),
 }
 
@@ -86,13 +86,22 @@ pub(super) struct Peer {
 }
 
 impl Peer {
+    /// Whether anything is under way with this peer. Eager messages it
+    /// has not answered yet do not count: their sends are complete, and
+    /// the answers (credit only) are taken in by the next round anyone
+    /// runs; counting them would keep the progress thread polling (or
+    /// asleep on the doorbell, which every ring write then rings) after
+    /// each small exchange.
     pub fn busy(&self) -> bool {
-        self.cur.is_some()
-            || !self.outq.is_empty()
+        self.sending()
             || !self.clear_wait.is_empty()
             || !self.data_wait.is_empty()
-            || self.credit.outstanding()
             || matches!(self.inbound, Some(Inbound::Payload(..)))
+    }
+
+    /// Whether frames wait to go out to this peer.
+    pub fn sending(&self) -> bool {
+        self.cur.is_some() || !self.outq.is_empty()
     }
 }
 
@@ -148,8 +157,9 @@ impl State {
                 return Ok(moved);
             }
             match p.cur.take().expect("set above").0 {
-                Out::Ctrl(_, Some(op)) | Out::Payload(op) => self.finish(op, Ok(())),
-                Out::Eager(op) => self.eager_left(op),
+                Out::Ctrl(_, Some(op)) | Out::Payload(op) | Out::Eager(op) => {
+                    self.finish(op, Ok(()))
+                }
                 Out::Ctrl(_, None) => {}
             }
             moved = true;
@@ -261,7 +271,14 @@ impl State {
                     let e = self.size_mismatch(op, q, c.aux as usize);
                     self.finish(op, Err(e));
                 }
-                None => self.eager_refused(q, c.id, c.aux as usize),
+                None => {
+                    if !self.eager_refused(q, c.id) {
+                        return Err(protocol(format!(
+                            "a refusal of message {}, which is not waiting for an answer",
+                            c.id
+                        )));
+                    }
+                }
             },
             Kind::Data => {
                 let target = self.peers[q].data_wait.remove(&c.id).ok_or_else(|| {
@@ -288,8 +305,10 @@ impl State {
                 };
                 self.peers[q].inbound = Some(inbound);
             }
-            Kind::Cancel => match self.peers[q].data_wait.remove(&c.id) {
-                Some(Some(op)) => {
+            Kind::Cancel => {
+                // `Some(None)`: the receive gave up already. Eager messages
+                // are never cancelled.
+                if let Some(Some(op)) = self.peers[q].data_wait.remove(&c.id) {
                     let e = Error::PeerLost {
                         rank: self.rank,
                         peer: q,
@@ -301,9 +320,7 @@ impl State {
                     };
                     self.finish(op, Err(e));
                 }
-                Some(None) => {}
-                None => self.eager_cancelled(q, c.id),
-            },
+            }
         }
         Ok(())
     }

@@ -39,10 +39,6 @@ pub(super) struct Op {
     /// receive was matched and cleared): a failure past this point breaks
     /// the pair's link, whose stream is then out of step.
     pub moving: bool,
-    /// Eager sends: the receiver's answer (Ack or Refuse), if it came
-    /// while the payload was still leaving (the send completes with it
-    /// once the payload has left).
-    pub answer: Option<Result<()>>,
 }
 
 /// Every posted op of a communicator's point-to-point channel.
@@ -122,6 +118,11 @@ impl State {
         self.ops.is_empty() && !self.peers.iter().any(|p| p.busy())
     }
 
+    /// Frames wait to go out on some link.
+    pub fn sending(&self) -> bool {
+        self.peers.iter().any(|p| p.sending())
+    }
+
     /// The earliest deadline of a posted op.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.ops.values().map(|o| o.deadline).min()
@@ -153,7 +154,6 @@ impl State {
                     },
                     matched: 0,
                     moving: false,
-                    answer: None,
                 },
             );
             match kind {

@@ -21,9 +21,9 @@
 //! message is done once its offer is sent and matched.
 //!
 //! A small message may instead travel eager ([`super::eager`]): `Eager {id,
-//! tag, len}` and its payload at once, answered by `Ack {id}` once a
-//! receive has taken it (or `Refuse`, when it does not fit; `Cancel {id}`
-//! from a sender that gave up drops it unmatched, and is acknowledged).
+//! tag, len}` and its payload at once (the send completes once they have
+//! left), answered by `Ack {id}` once a receive has taken it, or `Refuse`
+//! when it does not fit; either answer gives the sender's credit back.
 
 use crate::error::{Error, Result};
 
@@ -42,14 +42,12 @@ pub(super) enum Kind {
     Refuse,
     /// Message `id`'s payload (`len` bytes) follows as the next message.
     Data,
-    /// The sender gave up on message `id` after it was cleared (or, for
-    /// an eager message, before it was acknowledged).
+    /// The sender gave up on message `id` after it was cleared.
     Cancel,
     /// Eager message `id` of `len` bytes with `tag`; its payload follows
     /// as the next message.
     Eager,
-    /// Eager message `id` was taken by a receive (or dropped after a
-    /// Cancel): its credit comes back.
+    /// Eager message `id` was taken by a receive: its credit comes back.
     Ack,
 }
 
