@@ -658,3 +658,76 @@ rank_test!(
     &[("TUTTI_TIMEOUT", "60")],
     peer_dies_eager
 );
+
+/// An eager send completes once its message has left, so its rank may
+/// destroy its communicator (and exit) before the peer receives: the
+/// messages still arrive (over TCP, closing the sockets at once would
+/// fail the peer), the closing rank waiting until the peer has taken them.
+fn send_then_close(ctx: &Ctx) {
+    let comm = Communicator::from_env().expect("joining");
+    let sizes = [1usize, 8, 1000, 16384];
+    if comm.rank() == 0 {
+        for (k, &len) in sizes.iter().enumerate() {
+            comm.send_tagged(&message(k, len), 1, k as u32)
+                .expect("an eager send completes once it has left");
+        }
+        ctx.mark("sent");
+        drop(comm);
+        return;
+    }
+    ctx.wait_mark("sent");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for (k, &len) in sizes.iter().enumerate().rev() {
+        let mut b = vec![0u8; len];
+        comm.recv_tagged(&mut b, 0, k as u32)
+            .expect("a message whose sender has closed");
+        check_from(&b, k);
+    }
+}
+
+/// Eager messages that the peer never receives: its communicator, closing,
+/// gives their credit back, so the sender's close does not wait for them
+/// until its deadline.
+fn unreceived_then_close(ctx: &Ctx) {
+    let comm = Communicator::from_env().expect("joining");
+    if comm.rank() == 0 {
+        for k in 0..3 {
+            comm.send(&message(k, 100), 1).expect("eager send");
+        }
+    }
+    comm.barrier().expect("barrier");
+    let t = std::time::Instant::now();
+    drop(comm);
+    ctx.mark("closed");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(20),
+        "closing took {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn send_then_close_shm() {
+    let name = common::test_name(module_path!(), "send_then_close_shm");
+    common::procs_raw(&name, 2, Transport::Shm, &[], send_then_close);
+}
+
+#[test]
+fn send_then_close_tcp() {
+    let name = common::test_name(module_path!(), "send_then_close_tcp");
+    common::procs_raw(&name, 2, Transport::Tcp, &[], send_then_close);
+}
+
+#[test]
+fn unreceived_then_close_shm() {
+    let name = common::test_name(module_path!(), "unreceived_then_close_shm");
+    let env = [("TUTTI_TIMEOUT", "60")];
+    common::procs_raw(&name, 2, Transport::Shm, &env, unreceived_then_close);
+}
+
+#[test]
+fn unreceived_then_close_tcp() {
+    let name = common::test_name(module_path!(), "unreceived_then_close_tcp");
+    let env = [("TUTTI_TIMEOUT", "60")];
+    common::procs_raw(&name, 2, Transport::Tcp, &env, unreceived_then_close);
+}

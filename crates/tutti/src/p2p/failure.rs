@@ -120,6 +120,31 @@ impl State {
         }
     }
 
+    /// Closing: breaks the links of peers, still holding eager messages of
+    /// ours, whose process is gone (at most every [`LIVENESS_EVERY`]).
+    pub fn check_closing(&mut self, now: Instant) {
+        if now.duration_since(self.last_liveness) < LIVENESS_EVERY {
+            return;
+        }
+        self.last_liveness = now;
+        for q in 0..self.peers.len() {
+            let p = &self.peers[q];
+            if p.broken.is_some() || !p.credit.outstanding() {
+                continue;
+            }
+            if let Some(msg) = crate::transport::wait::peer_lost(q, p.link.as_ref(), p.pid) {
+                let e = Error::PeerLost {
+                    rank: self.rank,
+                    peer: q,
+                    op: "send/recv".into(),
+                    seq: 0,
+                    msg,
+                };
+                self.break_peer(q, e);
+            }
+        }
+    }
+
     /// `op`'s deadline ran out.
     fn time_out(&mut self, op: u64) {
         let o = &self.ops[&op];

@@ -27,8 +27,8 @@ pub(super) enum Dest {
     /// A rendezvous receive's buffer.
     Recv(u64),
     /// An eager message straight into the receive that matched it (its
-    /// message id, to acknowledge).
-    EagerRecv(u64, u64),
+    /// length, whose credit goes back).
+    EagerRecv(u64, usize),
     /// An eager message nobody has asked for yet, into the buffer kept
     /// beside it (its id and tag): queued with the offers once complete.
     Stash(u64, u32),
@@ -196,9 +196,9 @@ impl State {
     fn payload_in(&mut self, q: usize, into: Dest, data: Vec<u8>) {
         match into {
             Dest::Recv(op) => self.finish(op, Ok(())),
-            Dest::EagerRecv(op, id) => {
+            Dest::EagerRecv(op, len) => {
                 self.finish(op, Ok(()));
-                self.send_ctrl(q, Ctrl::new(Kind::Ack, id));
+                self.eager_taken(q, len);
             }
             Dest::Stash(id, tag) => self.eager_arrived(q, id, tag, data),
             Dest::Drop => {}
@@ -244,13 +244,14 @@ impl State {
                 self.eager_in(q, c.id, c.tag, c.len as usize);
             }
             Kind::Ack => {
-                if !self.eager_acked(q, c.id) {
+                if !self.eager_acked(q, c.len) {
                     return Err(protocol(format!(
-                        "an acknowledgement of message {}, which is not waiting for one",
-                        c.id
+                        "{} bytes of eager credit given back, more than were sent",
+                        c.len
                     )));
                 }
             }
+            Kind::Flush => self.eager_flush(q),
             Kind::Clear => {
                 let p = &mut self.peers[q];
                 match p.clear_wait.remove(&c.id) {
@@ -272,12 +273,10 @@ impl State {
                     self.finish(op, Err(e));
                 }
                 None => {
-                    if !self.eager_refused(q, c.id) {
-                        return Err(protocol(format!(
-                            "a refusal of message {}, which is not waiting for an answer",
-                            c.id
-                        )));
-                    }
+                    return Err(protocol(format!(
+                        "a refusal of message {}, which is not waiting for an answer",
+                        c.id
+                    )))
                 }
             },
             Kind::Data => {
