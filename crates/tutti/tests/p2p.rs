@@ -731,3 +731,53 @@ fn unreceived_then_close_tcp() {
     let env = [("TUTTI_TIMEOUT", "60")];
     common::procs_raw(&name, 2, Transport::Tcp, &env, unreceived_then_close);
 }
+
+/// A rendezvous send whose deadline runs out before its receive is
+/// posted; the receive, posted later and too small, fails with
+/// `SizeMismatch` (its refusal reaches a sender that gave up, which is no
+/// error), and the pair's link stays usable.
+fn refused_after_timeout(c: &Communicator, ctx: &Ctx) {
+    const LEN: usize = 20_000;
+    if c.rank() == 0 {
+        let data = message(0, LEN);
+        let op = tutti::RawP2p {
+            send: true,
+            peer: Some(1),
+            ptr: data.as_ptr().cast_mut(),
+            len: LEN,
+            tag: 5,
+            exact: true,
+        };
+        // SAFETY: `data` outlives the wait below, and nothing writes it.
+        let mut posted =
+            unsafe { c.post_p2p_raw(&[op], Some(std::time::Duration::from_millis(200))) };
+        let (w, _) = posted.pop().expect("one op");
+        let e = w.wait().unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e}");
+        ctx.mark("timed out");
+        c.send(&message(0, 8), 1).expect("a send after");
+    } else {
+        ctx.wait_mark("timed out");
+        let mut b = vec![0u8; 17_000];
+        let e = c.recv_tagged(&mut b, 0, 5).unwrap_err();
+        assert!(matches!(e, Error::SizeMismatch { message: LEN, .. }), "{e}");
+        let mut b = vec![0u8; 8];
+        c.recv(&mut b, 0).expect("a receive after");
+        check_from(&b, 0);
+    }
+    c.barrier().expect("barrier");
+    assert_eq!(c.error().map(|e| e.to_string()), None);
+}
+
+rank_test!(
+    refused_after_timeout_shm_2,
+    Transport::Shm,
+    2,
+    refused_after_timeout
+);
+rank_test!(
+    refused_after_timeout_tcp_2,
+    Transport::Tcp,
+    2,
+    refused_after_timeout
+);

@@ -267,18 +267,14 @@ impl State {
                     None => self.send_ctrl(q, Ctrl::new(Kind::Cancel, c.id)),
                 }
             }
-            Kind::Refuse => match self.peers[q].clear_wait.remove(&c.id) {
-                Some(op) => {
+            Kind::Refuse => {
+                // None: the send gave up (its deadline ran out) before the
+                // receiver matched it; nothing waits for the answer.
+                if let Some(op) = self.peers[q].clear_wait.remove(&c.id) {
                     let e = self.size_mismatch(op, q, c.aux as usize);
                     self.finish(op, Err(e));
                 }
-                None => {
-                    return Err(protocol(format!(
-                        "a refusal of message {}, which is not waiting for an answer",
-                        c.id
-                    )))
-                }
-            },
+            }
             Kind::Data => {
                 let target = self.peers[q].data_wait.remove(&c.id).ok_or_else(|| {
                     protocol(format!("data for message {} that was never cleared", c.id))
