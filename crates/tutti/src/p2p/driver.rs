@@ -164,7 +164,10 @@ impl Shared {
         let mut st = self.state();
         // Frames still queued (an Ack for a message this rank received,
         // giving the peer its credit back) leave first.
-        let until = Instant::now() + st.longest.max(Duration::from_secs(1));
+        // (A timeout too long to add to now, Duration::MAX say, waits as
+        // long as the ops would.)
+        let until =
+            crate::config::deadline_after(Instant::now(), st.longest.max(Duration::from_secs(1)));
         while st.ops.is_empty() && !self.abort.load(Ordering::Relaxed) {
             st.eager_release();
             let waiting = st.eager_unsettled();
