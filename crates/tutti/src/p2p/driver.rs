@@ -6,7 +6,7 @@
 //! itself ([`Driver::drive`]) for as long as its spin lasts, then sleeps on
 //! its completion; meanwhile the progress thread stands aside (it sees
 //! `drivers`), and takes over when the waiter stops. So a small message
-//! is matched, copied and answered by the very threads that wait for it,
+//! is sent, matched and copied by the very threads that wait for it,
 //! with no wake-up of another thread on its path. The progress thread
 //! moves what nobody waits for (a send posted and not yet waited on, a
 //! peer's message into a receive whose owner is busy elsewhere), and
