@@ -118,35 +118,43 @@ def w_big_exchange(ctx, recv_first):
 
 
 def w_too_small(ctx):
-    """A receive smaller than its message: both sides raise SizeMismatchError, nothing is
-    written, and the next messages and collectives work."""
+    """A receive smaller than its message raises SizeMismatchError, nothing is written,
+    and the next messages and collectives work. A rendezvous send (over 16 KiB) raises
+    too; an eager one has completed once it left (as in MPI), and its receiver alone
+    raises."""
     import tutti
 
     c, n, r = ctx.comm, ctx.n, ctx.rank
     if n > 1 and r == 0:
         try:
-            c.send(np.ones(100), 1, tag=3)
+            c.send(np.ones(2500), 1, tag=3)
         except tutti.SizeMismatchError as e:
             assert isinstance(e, ValueError) and isinstance(e, tutti.TuttiError)
-            assert (e.rank, e.peer, e.tag, e.message, e.buffer) == (0, 1, 3, 800, 400), str(e)
-            assert "800" in str(e) and "400" in str(e)
+            assert (e.rank, e.peer, e.tag, e.message, e.buffer) == (0, 1, 3, 20000, 17000), str(e)
+            assert "20000" in str(e) and "17000" in str(e)
         else:
             raise AssertionError("the sender did not raise")
-        w = c.isend(np.ones(10), 1)  # an exact receive of another size fails too
-        try:
-            w.wait(timeout=30)
-        except tutti.SizeMismatchError:
-            pass
-        else:
-            raise AssertionError("no SizeMismatchError for a larger receive")
-        assert not w.is_success() and isinstance(w.exception(), tutti.SizeMismatchError)
+        c.send(np.ones(100), 1, tag=3)  # eager: completes once it has left
+        w = c.isend(np.ones(10), 1)  # an exact receive of another size fails at the receiver
+        w.wait(timeout=30)
+        assert w.is_success()
         c.send(np.arange(50.0), 1, tag=3)
     elif n > 1 and r == 1:
+        big = np.full(2125, 7.0)
+        try:
+            c.recv(big, 0, tag=3)
+        except tutti.SizeMismatchError as e:
+            assert isinstance(e, ValueError) and isinstance(e, tutti.TuttiError)
+            assert (e.rank, e.peer, e.tag, e.message, e.buffer) == (1, 0, 3, 20000, 17000), str(e)
+        else:
+            raise AssertionError("the receiver did not raise")
+        assert (big == 7.0).all(), "the receive buffer was written"
         b = np.full(50, 7.0)
         try:
             c.recv(b, 0, tag=3)
         except tutti.SizeMismatchError as e:
             assert (e.rank, e.peer, e.tag, e.message, e.buffer) == (1, 0, 3, 800, 400), str(e)
+            assert "800" in str(e) and "400" in str(e)
         else:
             raise AssertionError("the receiver did not raise")
         assert (b == 7.0).all(), "the receive buffer was written"
@@ -256,6 +264,8 @@ def t_big_batch(ctx, recv_first):
 
 
 def t_too_small(ctx):
+    """A receive smaller than its message: a rendezvous message (over 16 KiB) raises on
+    both sides, an eager one at the receiver alone (its send completed once it left)."""
     import torch
 
     import tutti
@@ -264,13 +274,22 @@ def t_too_small(ctx):
     n, r = ctx.n, ctx.rank
     if n > 1 and r == 0:
         try:
-            dist.send(torch.ones(10), dst=1, tag=5)
+            dist.send(torch.ones(5000), dst=1, tag=5)
         except tutti.SizeMismatchError as e:
-            assert (e.message, e.buffer, e.peer, e.tag) == (40, 24, 1, 5), str(e)
+            assert (e.message, e.buffer, e.peer, e.tag) == (20000, 17000, 1, 5), str(e)
         else:
             raise AssertionError("the sender did not raise")
+        dist.send(torch.ones(10), dst=1, tag=5)  # eager: completes once it has left
         dist.send(torch.arange(6.0), dst=1, tag=5)
     elif n > 1 and r == 1:
+        big = torch.full((4250,), 7.0)
+        try:
+            dist.recv(big, src=0, tag=5)
+        except tutti.SizeMismatchError as e:
+            assert (e.message, e.buffer, e.peer, e.tag) == (20000, 17000, 0, 5), str(e)
+        else:
+            raise AssertionError("the receiver did not raise")
+        assert torch.all(big == 7.0)
         b = torch.full((6,), 7.0)
         try:
             dist.recv(b, src=0, tag=5)

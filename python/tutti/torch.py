@@ -51,8 +51,9 @@ messages of different tags or peers never wait for each other; ``dist.recv(t)`` 
 every op of a ``batch_isend_irecv`` is posted before any is waited for, so no order of
 sends and receives (a ring shift of large tensors, a pipeline's forward sends and
 backward receives in flight together) can deadlock. A receive whose tensor is not the
-size of the message makes both sides raise :class:`tutti.SizeMismatchError`; the group
-stays usable.
+size of the message raises :class:`tutti.SizeMismatchError` at the receiver (and at the
+sender too for a message over 16 KiB; a smaller send has completed once it left); the
+group stays usable.
 
 Batches and the rest. Coalesced calls (``all_reduce_coalesced``, ``all_gather_coalesced``,
 ``_coalescing_manager``'s batches) are one tutti op per batch (tutti._torch_coalesced);

@@ -72,8 +72,10 @@ pub enum Error {
 
     /// A point-to-point message and the receive that matched it differ in
     /// size (the message is longer than the buffer, or a receive that must
-    /// be filled exactly got another length). Both sides get this error;
-    /// nothing was transferred, and the communicator stays usable.
+    /// be filled exactly got another length). The receive gets this error,
+    /// and so does the send of a rendezvous message (over 16 KiB; an eager
+    /// send has completed once it left, as in MPI); nothing was
+    /// transferred, and the communicator stays usable.
     #[error("point-to-point size mismatch between rank {rank} (this process) and rank {peer}, tag {tag}: the message holds {message} bytes, the receive buffer {buffer} bytes; nothing was transferred")]
     SizeMismatch {
         /// This process's rank.

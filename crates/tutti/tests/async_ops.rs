@@ -198,3 +198,51 @@ fn exchange_large_async() {
         });
     });
 }
+
+/// Point-to-point ops posted with the longest deadline there is
+/// (`Duration::MAX`): an eager send completes at once, its receive gets
+/// it, and closing the communicators (which waits for peers to take eager
+/// messages, as long as the ops' deadlines) neither overflows nor hangs.
+fn p2p_without_deadline(c: &Communicator, _: &Ctx) {
+    let data = [c.rank() as u8 + 1; 8];
+    let mut got = [0u8; 8];
+    let peer = 1 - c.rank();
+    let ops = [
+        tutti::RawP2p {
+            send: true,
+            peer: Some(peer),
+            ptr: data.as_ptr().cast_mut(),
+            len: data.len(),
+            tag: 0,
+            exact: true,
+        },
+        tutti::RawP2p {
+            send: false,
+            peer: Some(peer),
+            ptr: got.as_mut_ptr(),
+            len: got.len(),
+            tag: 0,
+            exact: true,
+        },
+    ];
+    // SAFETY: `data` and `got` outlive the waits below, and nothing else
+    // touches them meanwhile.
+    let posted = unsafe { c.post_p2p_raw(&ops, Some(Duration::MAX)) };
+    for (w, _) in posted {
+        w.wait().expect("p2p op");
+    }
+    assert_eq!(got, [peer as u8 + 1; 8]);
+}
+
+rank_test!(
+    p2p_without_deadline_local_2,
+    Transport::Local,
+    2,
+    p2p_without_deadline
+);
+rank_test!(
+    p2p_without_deadline_tcp_2,
+    Transport::Tcp,
+    2,
+    p2p_without_deadline
+);

@@ -4,7 +4,8 @@
 //! receive), ring shifts, batches in any order, receives posted before a
 //! collective that the sender runs first. Messages match per (peer, tag) in
 //! order; any-source receives report the sender; a receive too small for
-//! its message fails on both sides and the communicator stays usable.
+//! its message fails (and so does a rendezvous send; an eager send has
+//! completed) and the communicator stays usable.
 
 mod common;
 
@@ -197,31 +198,40 @@ rank_test!(
     beside_collectives
 );
 
-/// A receive too small for its message: both sides get `SizeMismatch`
-/// naming both sizes, the peer and the tag; nothing is written; the next
-/// messages and collectives work.
+/// A receive too small for its message fails with `SizeMismatch` naming
+/// both sizes, the peer and the tag; nothing is written; the next messages
+/// and collectives work. A rendezvous send (over 16 KiB) fails too; an
+/// eager one has completed once it left (as in MPI), and its receiver
+/// alone reports the mismatch.
 fn too_small(c: &Communicator, _: &Ctx) {
+    const BIG_MSG: usize = 20_000;
+    const BIG_BUF: usize = 17_000;
     let r = c.rank();
     if r == 0 {
-        let e = c.send_tagged(&message(0, 1000), 1, 3).unwrap_err();
+        // Rendezvous: both sides fail.
+        let e = c.send_tagged(&message(0, BIG_MSG), 1, 3).unwrap_err();
         match e {
             Error::SizeMismatch {
                 rank: 0,
                 peer: 1,
                 tag: 3,
-                message: 1000,
-                buffer: 600,
+                message: BIG_MSG,
+                buffer: BIG_BUF,
             } => {}
             e => panic!("sender: {e}"),
         }
+        // Eager: the send completes; the receive fails.
+        c.send_tagged(&message(0, 1000), 1, 3)
+            .expect("an eager send completes once it has left");
         // An exact receive of another length fails too.
-        let e = c.send(&[1u8; 10], 1).unwrap_err();
+        c.send(&[1u8; 10], 1).expect("an eager send");
+        let e = c.send(&[1u8; BIG_MSG], 1).unwrap_err();
         assert!(
             matches!(
                 e,
                 Error::SizeMismatch {
-                    message: 10,
-                    buffer: 12,
+                    message: BIG_MSG,
+                    buffer: BIG_BUF,
                     ..
                 }
             ),
@@ -229,6 +239,25 @@ fn too_small(c: &Communicator, _: &Ctx) {
         );
         c.send(&message(0, 600), 1).expect("the next message");
     } else if r == 1 {
+        let mut big = vec![7u8; BIG_BUF];
+        let e = c.recv_from(&mut big, Some(0), 3).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::SizeMismatch {
+                    rank: 1,
+                    peer: 0,
+                    tag: 3,
+                    message: BIG_MSG,
+                    buffer: BIG_BUF
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            big.iter().all(|&x| x == 7),
+            "the receive buffer was written"
+        );
         let mut b = vec![7u8; 600];
         let e = c.recv_from(&mut b, Some(0), 3).unwrap_err();
         let text = e.to_string();
@@ -251,7 +280,19 @@ fn too_small(c: &Communicator, _: &Ctx) {
         );
         assert!(b.iter().all(|&x| x == 7), "the receive buffer was written");
         let mut twelve = [0u8; 12];
-        assert!(c.recv(&mut twelve, 0).is_err());
+        let e = c.recv(&mut twelve, 0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::SizeMismatch {
+                    message: 10,
+                    buffer: 12,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(c.recv(&mut big, 0).is_err());
         c.recv(&mut b, 0).expect("the next message");
         check_from(&b, 0);
     }
@@ -563,10 +604,11 @@ rank_test!(random_plan_shm_3, Transport::Shm, 3, random_plan);
 rank_test!(random_plan_shm_4, Transport::Shm, 4, random_plan);
 rank_test!(random_plan_tcp_3, Transport::Tcp, 3, random_plan);
 
-/// A peer that dies while eager messages to and from it are pending: a
-/// send of ours waits for its Ack, a message of its own waits unreceived
-/// here, and a receive from it is posted; the send and the receive fail
-/// with `PeerLost` naming it, well before the deadline.
+/// A peer that dies while messages to and from it are pending: a message
+/// of its own waits unreceived here, and a receive from it and a
+/// rendezvous send to it are posted; both fail with `PeerLost` naming it,
+/// well before the deadline. An eager send posted then has completed
+/// once it left (as in MPI), and a later one fails.
 fn peer_dies_eager(c: &Communicator, ctx: &Ctx) {
     if c.rank() == 1 {
         c.send_tagged_async(message(1, 100), 0, 1)
@@ -581,14 +623,20 @@ fn peer_dies_eager(c: &Communicator, ctx: &Ctx) {
     c.recv_tagged(&mut first, 1, 1)
         .expect("the message sent before dying");
     check_from(&first, 1);
-    let ws = c.send_async(message(0, 4096), 1);
+    let eager = c.send_async(message(0, 4096), 1);
+    let ws = c.send_async(message(0, 100_000), 1);
     let wr = c.recv_tagged_async(vec![0u8; 100], 1, 2);
     ctx.mark("posted");
     let t = std::time::Instant::now();
+    eager
+        .wait()
+        .expect("an eager send completes once it has left");
     for e in [ws.wait().unwrap_err(), wr.wait().unwrap_err()] {
         assert!(matches!(e, Error::PeerLost { peer: 1, .. }), "{e}");
         assert!(e.to_string().contains("rank 1"), "{e}");
     }
+    let e = c.send(&[1u8; 8], 1).unwrap_err();
+    assert!(matches!(e, Error::PeerLost { peer: 1, .. }), "{e}");
     assert!(
         t.elapsed() < std::time::Duration::from_secs(20),
         "{:?}",
@@ -609,4 +657,127 @@ rank_test!(
     2,
     &[("TUTTI_TIMEOUT", "60")],
     peer_dies_eager
+);
+
+/// An eager send completes once its message has left, so its rank may
+/// destroy its communicator (and exit) before the peer receives: the
+/// messages still arrive (over TCP, closing the sockets at once would
+/// fail the peer), the closing rank waiting until the peer has taken them.
+fn send_then_close(ctx: &Ctx) {
+    let comm = Communicator::from_env().expect("joining");
+    let sizes = [1usize, 8, 1000, 16384];
+    if comm.rank() == 0 {
+        for (k, &len) in sizes.iter().enumerate() {
+            comm.send_tagged(&message(k, len), 1, k as u32)
+                .expect("an eager send completes once it has left");
+        }
+        ctx.mark("sent");
+        drop(comm);
+        return;
+    }
+    ctx.wait_mark("sent");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for (k, &len) in sizes.iter().enumerate().rev() {
+        let mut b = vec![0u8; len];
+        comm.recv_tagged(&mut b, 0, k as u32)
+            .expect("a message whose sender has closed");
+        check_from(&b, k);
+    }
+}
+
+/// Eager messages that the peer never receives: its communicator, closing,
+/// gives their credit back, so the sender's close does not wait for them
+/// until its deadline.
+fn unreceived_then_close(ctx: &Ctx) {
+    let comm = Communicator::from_env().expect("joining");
+    if comm.rank() == 0 {
+        for k in 0..3 {
+            comm.send(&message(k, 100), 1).expect("eager send");
+        }
+    }
+    comm.barrier().expect("barrier");
+    let t = std::time::Instant::now();
+    drop(comm);
+    ctx.mark("closed");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(20),
+        "closing took {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn send_then_close_shm() {
+    let name = common::test_name(module_path!(), "send_then_close_shm");
+    common::procs_raw(&name, 2, Transport::Shm, &[], send_then_close);
+}
+
+#[test]
+fn send_then_close_tcp() {
+    let name = common::test_name(module_path!(), "send_then_close_tcp");
+    common::procs_raw(&name, 2, Transport::Tcp, &[], send_then_close);
+}
+
+#[test]
+fn unreceived_then_close_shm() {
+    let name = common::test_name(module_path!(), "unreceived_then_close_shm");
+    let env = [("TUTTI_TIMEOUT", "60")];
+    common::procs_raw(&name, 2, Transport::Shm, &env, unreceived_then_close);
+}
+
+#[test]
+fn unreceived_then_close_tcp() {
+    let name = common::test_name(module_path!(), "unreceived_then_close_tcp");
+    let env = [("TUTTI_TIMEOUT", "60")];
+    common::procs_raw(&name, 2, Transport::Tcp, &env, unreceived_then_close);
+}
+
+/// A rendezvous send whose deadline runs out before its receive is
+/// posted; the receive, posted later and too small, fails with
+/// `SizeMismatch` (its refusal reaches a sender that gave up, which is no
+/// error), and the pair's link stays usable.
+fn refused_after_timeout(c: &Communicator, ctx: &Ctx) {
+    const LEN: usize = 20_000;
+    if c.rank() == 0 {
+        let data = message(0, LEN);
+        let op = tutti::RawP2p {
+            send: true,
+            peer: Some(1),
+            ptr: data.as_ptr().cast_mut(),
+            len: LEN,
+            tag: 5,
+            exact: true,
+        };
+        // SAFETY: `data` outlives the wait below, and nothing writes it.
+        let mut posted =
+            unsafe { c.post_p2p_raw(&[op], Some(std::time::Duration::from_millis(200))) };
+        let (w, _) = posted.pop().expect("one op");
+        let e = w.wait().unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e}");
+        ctx.mark("timed out");
+        c.send(&message(0, 8), 1).expect("a send after");
+    } else {
+        ctx.wait_mark("timed out");
+        let mut b = vec![0u8; 17_000];
+        let e = c.recv_tagged(&mut b, 0, 5).unwrap_err();
+        assert!(matches!(e, Error::SizeMismatch { message: LEN, .. }), "{e}");
+        let mut b = vec![0u8; 8];
+        c.recv(&mut b, 0).expect("a receive after");
+        check_from(&b, 0);
+    }
+    c.barrier().expect("barrier");
+    assert_eq!(c.error().map(|e| e.to_string()), None);
+}
+
+rank_test!(
+    refused_after_timeout_shm_2,
+    Transport::Shm,
+    2,
+    refused_after_timeout
+);
+rank_test!(
+    refused_after_timeout_tcp_2,
+    Transport::Tcp,
+    2,
+    refused_after_timeout
 );

@@ -291,7 +291,8 @@ impl Communicator {
 
     /// Sends `buf` to `peer` (tag 0), which receives it with
     /// [`recv`](Communicator::recv) (or any receive of tag 0). Returns once
-    /// the message is delivered.
+    /// the message is delivered, or, for a message of at most 16 KiB
+    /// (eager), once it has left and `buf` may be reused, as MPI's `send`.
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
         self.send_tagged(buf, peer, 0)
     }
@@ -317,8 +318,9 @@ impl Communicator {
 
     /// Receives a message of at most `buf.len()` elements with `tag` from
     /// `src`, or from any rank (`None`): returns who sent it and its length.
-    /// A message longer than `buf` fails on both sides with
-    /// [`Error::SizeMismatch`], and nothing is written.
+    /// A message longer than `buf` fails with [`Error::SizeMismatch`] (the
+    /// send too when the message is over 16 KiB; a smaller one has completed
+    /// once it left), and nothing is written.
     pub fn recv_from<T: Element>(
         &self,
         buf: &mut [T],

@@ -6,7 +6,7 @@
 //! itself ([`Driver::drive`]) for as long as its spin lasts, then sleeps on
 //! its completion; meanwhile the progress thread stands aside (it sees
 //! `drivers`), and takes over when the waiter stops. So a small message
-//! is matched, copied and answered by the very threads that wait for it,
+//! is sent, matched and copied by the very threads that wait for it,
 //! with no wake-up of another thread on its path. The progress thread
 //! moves what nobody waits for (a send posted and not yet waited on, a
 //! peer's message into a receive whose owner is busy elsewhere), and
@@ -150,14 +150,38 @@ impl Shared {
 
     /// Fails what is still queued or in flight (a clean shutdown, all
     /// done, leaves the links alone and says nothing).
+    ///
+    /// An eager send completes once its message has left, so a rank may
+    /// destroy its communicator before the peer has received it; the
+    /// message must still arrive (over TCP, closing the sockets first
+    /// would fail the peer). So a clean shutdown first waits until every
+    /// peer has taken this rank's eager messages (each peer gives their
+    /// credit back at once when asked, `Flush`, or when it closes too),
+    /// as long as the longest op deadline, while the peer lives and
+    /// nobody aborts; and it gives back the credit of the peers' messages
+    /// it holds, which no receive will take now.
     pub fn shut_down(&self) {
         let mut st = self.state();
-        // Answers still queued (an Ack for a message this rank received)
-        // leave first, for a little while: the peer's send waits for them.
-        let until = Instant::now() + Duration::from_secs(1);
-        while st.ops.is_empty() && !st.idle() && Instant::now() < until {
-            if !self.round(&mut st) {
-                std::thread::yield_now();
+        // Frames still queued (an Ack for a message this rank received,
+        // giving the peer its credit back) leave first.
+        // (A timeout too long to add to now, Duration::MAX say, waits as
+        // long as the ops would.)
+        let until =
+            crate::config::deadline_after(Instant::now(), st.longest.max(Duration::from_secs(1)));
+        while st.ops.is_empty() && !self.abort.load(Ordering::Relaxed) {
+            st.eager_release();
+            let waiting = st.eager_unsettled();
+            let moved = self.round(&mut st);
+            if !st.sending() && !waiting {
+                break;
+            }
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            st.check_closing(now);
+            if !moved {
+                std::thread::sleep(Duration::from_micros(100));
             }
         }
         let posts = std::mem::take(&mut self.queue().posts);

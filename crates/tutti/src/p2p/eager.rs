@@ -6,95 +6,105 @@
 //!     | -- Eager {id, tag, len} + payload -->|  (straight into the receive
 //!     |                                       |   that matches it, or kept
 //!     |                                       |   until one does)
-//!     | <-- Ack {id} -------------------------|  (matched and copied out)
+//!     | <-- Ack {len} ------------------------|  (once per ACK_BYTES taken)
 //! ```
 //!
 //! A message of 1 to [`EAGER_BYTES`] bytes goes eager when the pair has
 //! credit for it: each ordered pair of ranks has [`CREDIT_BYTES`] of it,
-//! taken by every eager message sent and given back by its Ack, so a
-//! receiver never keeps more than that of one sender's messages that no
-//! receive has asked for. Without credit (many small messages sent before
-//! any receive) a message goes by rendezvous ([`super::wire`]) instead;
-//! both kinds travel in one ordered stream per pair and are matched in
-//! arrival order, so a message never overtakes an earlier one of the same
-//! (peer, tag), however each travels.
+//! taken by every eager message sent and given back once a receive has
+//! taken the message, so a receiver never keeps more than that of one
+//! sender's messages that no receive has asked for. Without credit (many
+//! small messages sent before any receive) a message goes by rendezvous
+//! ([`super::wire`]) instead; both kinds travel in one ordered stream per
+//! pair and are matched in arrival order, so a message never overtakes an
+//! earlier one of the same (peer, tag), however each travels.
 //!
-//! The send completes on the Ack, as a rendezvous send completes once its
-//! receive has taken it: so a receive that does not fit (too small, or an
-//! exact receive of another length) fails both sides here too, the receiver
-//! answering `Refuse {id, aux = buffer bytes}` instead and dropping the
-//! payload. A send whose deadline runs out while its message waits at the
-//! receiver says `Cancel {id}`: the receiver drops the message unmatched
-//! and acknowledges, giving the credit back.
+//! The receiver gives credit back in bulk: it counts the eager bytes its
+//! receives took from each peer (or refused), and says `Ack {len}` once
+//! they reach [`ACK_BYTES`], a quarter of the credit. One answer per
+//! message made every small exchange three ring messages each way
+//! instead of two (and a fence and a cache-line round trip more). The
+//! sender therefore always has at least three quarters of its credit
+//! free for messages its receiver has taken.
+//!
+//! The send completes as soon as its payload has left (written into the
+//! ring or the socket), as MPI completes an eager send: the sender's buffer
+//! is free again and nothing waits for the receiver. A receive that does
+//! not fit (too small, or an exact receive of another length) fails at the
+//! receiver alone, which drops the payload (and counts its credit as
+//! taken): the send has long completed, as MPI reports a truncation at the
+//! receiver alone. A rendezvous send still fails on both sides.
 //!
 //! Nothing here can make a correct program hang: a message that finds no
 //! credit waits for its receive, exactly as without the eager path, and
-//! credit only comes back (it is never needed to make an Ack).
+//! credit only comes back (it is never needed to make an Ack). Nor does an
+//! eager send wait on anything once it is posted but its own link: a peer
+//! that dies after the payload left is reported by the ops that still
+//! involve it (a receive from it, a later send to it).
 
 use super::peer::{drop_payload, Body, Dest, Inbound, Offer, Out};
 use super::progress::State;
 use super::wire::{Ctrl, Kind};
 use crate::error::Result;
 use crate::transport::RecvMsg;
-use rustc_hash::FxHashMap;
 
 /// The largest message that may travel eager (bytes).
 pub(crate) const EAGER_BYTES: usize = 16 << 10;
 
 /// Eager bytes in flight per ordered pair of ranks: sent, and not yet
-/// matched and acknowledged by the receiver.
+/// given back by the receiver.
 pub(crate) const CREDIT_BYTES: usize = 256 << 10;
 
-/// A sender's eager messages to one peer that are not yet acknowledged.
+/// Eager bytes a receiver takes from one sender before it gives their
+/// credit back (in one `Ack`).
+pub(crate) const ACK_BYTES: usize = CREDIT_BYTES / 4;
+
+/// A sender's eager bytes to one peer that are not yet given back, and
+/// the eager bytes received from it that are not yet given back to it.
 #[derive(Default)]
 pub(super) struct Credit {
-    /// Their bytes (at most [`CREDIT_BYTES`]).
+    /// Sent (at most [`CREDIT_BYTES`]).
     used: usize,
-    /// By message id: the send (`None`: it gave up) and the length.
-    unacked: FxHashMap<u64, (Option<u64>, usize)>,
+    /// Received and taken (or refused) by receives, not yet acknowledged
+    /// (less than [`ACK_BYTES`] between rounds).
+    owed: usize,
+    /// The peer is closing (it said `Flush`): acknowledge every message.
+    flush: bool,
+    /// We asked the peer to `Flush`.
+    asked: bool,
 }
 
 impl Credit {
-    /// Whether any eager message waits for its Ack.
-    pub fn outstanding(&self) -> bool {
-        !self.unacked.is_empty()
-    }
-
-    /// Takes credit for message `id` of send `op`, `len` bytes, if the
-    /// pair has enough.
-    fn take(&mut self, id: u64, op: u64, len: usize) -> bool {
+    /// Takes credit for a message of `len` bytes, if the pair has enough.
+    fn take(&mut self, len: usize) -> bool {
         if self.used + len > CREDIT_BYTES {
             return false;
         }
         self.used += len;
-        self.unacked.insert(id, (Some(op), len));
         true
     }
 
-    /// Message `id` was answered: its credit comes back. `None` if it was
-    /// not waiting; else its send, if that still waits.
-    fn settle(&mut self, id: u64) -> Option<Option<u64>> {
-        let (op, len) = self.unacked.remove(&id)?;
-        self.used -= len;
-        Some(op)
-    }
-
-    /// The send of message `id` gave up; true if the message was eager
-    /// (and still holds credit, until the receiver answers).
-    pub fn forget(&mut self, id: u64) -> bool {
-        match self.unacked.get_mut(&id) {
-            Some(e) => {
-                e.0 = None;
+    /// The receiver gave `len` bytes back; false if we did not send that
+    /// many.
+    fn settle(&mut self, len: u64) -> bool {
+        match usize::try_from(len) {
+            Ok(len) if len <= self.used => {
+                self.used -= len;
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 
-    /// The link broke: the sends still waiting, and all credit back.
-    pub fn drain(&mut self) -> impl Iterator<Item = u64> + '_ {
+    /// Whether eager bytes sent to the peer are not yet given back.
+    pub fn outstanding(&self) -> bool {
+        self.used > 0
+    }
+
+    /// The link broke: all credit back (the sends completed already).
+    pub fn drain(&mut self) {
         self.used = 0;
-        self.unacked.drain().filter_map(|(_, (op, _))| op)
+        self.owed = 0;
     }
 }
 
@@ -105,7 +115,7 @@ impl State {
         let o = self.ops.get_mut(&op).expect("posted");
         let (id, tag, len) = (o.id, o.post.tag, o.post.len);
         let p = &mut self.peers[peer];
-        if len == 0 || len > EAGER_BYTES || !p.credit.take(id, op, len) {
+        if len == 0 || len > EAGER_BYTES || !p.credit.take(len) {
             return false;
         }
         o.moving = true;
@@ -117,46 +127,73 @@ impl State {
         true
     }
 
-    /// Eager send `op`'s payload has left: the send completes with the
-    /// receiver's answer, now if it came already.
-    pub(super) fn eager_left(&mut self, op: u64) {
-        let Some(o) = self.ops.get_mut(&op) else {
-            return;
-        };
-        o.moving = false;
-        if let Some(r) = o.answer.take() {
-            self.finish(op, r);
+    /// `q` gave back `len` bytes of credit; false if it never had them.
+    pub(super) fn eager_acked(&mut self, q: usize, len: u64) -> bool {
+        self.peers[q].credit.settle(len)
+    }
+
+    /// `q` is closing: its credit comes back now, and with every message
+    /// taken from here on.
+    pub(super) fn eager_flush(&mut self, q: usize) {
+        let c = &mut self.peers[q].credit;
+        c.flush = true;
+        if c.owed > 0 {
+            let mut a = Ctrl::new(Kind::Ack, 0);
+            a.len = std::mem::take(&mut c.owed) as u64;
+            self.send_ctrl(q, a);
         }
     }
 
-    /// Completes eager send `op` with the receiver's answer `r` (once its
-    /// payload has left).
-    fn eager_answer(&mut self, op: u64, r: Result<()>) {
-        match self.ops.get_mut(&op) {
-            Some(o) if o.moving => o.answer = Some(r),
-            Some(_) => self.finish(op, r),
-            None => {}
-        }
-    }
-
-    /// `q` acknowledged eager message `id`; false if none was waiting.
-    pub(super) fn eager_acked(&mut self, q: usize, id: u64) -> bool {
-        match self.peers[q].credit.settle(id) {
-            None => false,
-            Some(None) => true,
-            Some(Some(op)) => {
-                self.eager_answer(op, Ok(()));
-                true
+    /// Closing: asks every peer that holds eager messages of ours not yet
+    /// given back to give their credit back as it takes them. Returns
+    /// whether any such peer is left (its link unbroken).
+    pub(super) fn eager_unsettled(&mut self) -> bool {
+        let mut any = false;
+        for q in 0..self.peers.len() {
+            let p = &mut self.peers[q];
+            if p.broken.is_some() || !p.credit.outstanding() {
+                continue;
+            }
+            any = true;
+            if !p.credit.asked {
+                p.credit.asked = true;
+                self.send_ctrl(q, Ctrl::new(Kind::Flush, 0));
             }
         }
+        any
     }
 
-    /// `q` refused eager message `id`: its receive holds `buffer` bytes,
-    /// which the message does not fit.
-    pub(super) fn eager_refused(&mut self, q: usize, id: u64, buffer: usize) {
-        if let Some(Some(op)) = self.peers[q].credit.settle(id) {
-            let e = self.size_mismatch(op, q, buffer);
-            self.eager_answer(op, Err(e));
+    /// Closing: gives every peer the credit of its eager messages back,
+    /// those taken and those that no receive will take now (dropped), and
+    /// from now on of each message as it comes.
+    pub(super) fn eager_release(&mut self) {
+        for q in 0..self.peers.len() {
+            let p = &mut self.peers[q];
+            if p.broken.is_some() || p.link.is_none() {
+                continue;
+            }
+            let mut dropped = 0;
+            p.offers.retain(|o| match o.body {
+                Body::Eager(_) => {
+                    dropped += o.len;
+                    false
+                }
+                _ => true,
+            });
+            p.credit.owed += dropped;
+            self.eager_flush(q);
+        }
+    }
+
+    /// A receive took (or refused) an eager message of `len` bytes from
+    /// `q`: its credit goes back with the next `Ack`, once enough is owed.
+    pub(super) fn eager_taken(&mut self, q: usize, len: usize) {
+        let c = &mut self.peers[q].credit;
+        c.owed += len;
+        if c.owed >= ACK_BYTES || c.flush {
+            let mut a = Ctrl::new(Kind::Ack, 0);
+            a.len = std::mem::take(&mut c.owed) as u64;
+            self.send_ctrl(q, a);
         }
     }
 
@@ -169,10 +206,10 @@ impl State {
                     let o = self.ops.get_mut(&op).expect("posted");
                     o.moving = true;
                     let m = RecvMsg::new(o.post.ptr, None, len);
-                    Inbound::Payload(m, Dest::EagerRecv(op, id), Vec::new())
+                    Inbound::Payload(m, Dest::EagerRecv(op, len), Vec::new())
                 }
                 Err(e) => {
-                    self.refuse(q, id, op);
+                    self.eager_taken(q, len);
                     self.finish(op, Err(e));
                     drop_payload(len)
                 }
@@ -200,18 +237,11 @@ impl State {
         self.offer_in(q, offer);
     }
 
-    /// Receive `op` matched eager message `id` from `q`, kept aside as
+    /// Receive `op` matched an eager message from `q`, kept aside as
     /// `data`; `fit` says whether it fits.
-    pub(super) fn eager_matched(
-        &mut self,
-        op: u64,
-        q: usize,
-        id: u64,
-        data: &[u8],
-        fit: Result<()>,
-    ) {
+    pub(super) fn eager_matched(&mut self, op: u64, q: usize, data: &[u8], fit: Result<()>) {
+        self.eager_taken(q, data.len());
         if let Err(e) = fit {
-            self.refuse(q, id, op);
             return self.finish(op, Err(e));
         }
         let to = self.ops[&op].post.ptr;
@@ -220,27 +250,5 @@ impl State {
         // by the caller); `data` is our own allocation.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), to, data.len()) };
         self.finish(op, Ok(()));
-        self.send_ctrl(q, Ctrl::new(Kind::Ack, id));
-    }
-
-    /// Tells `q` that its message `id` does not fit receive `op`.
-    fn refuse(&mut self, q: usize, id: u64, op: u64) {
-        let mut c = Ctrl::new(Kind::Refuse, id);
-        c.aux = self.ops[&op].post.len as u64;
-        self.send_ctrl(q, c);
-    }
-
-    /// `q` gave up its eager message `id`: dropped unmatched (with its
-    /// credit given back), unless a receive took it already.
-    pub(super) fn eager_cancelled(&mut self, q: usize, id: u64) {
-        let p = &mut self.peers[q];
-        let i = p
-            .offers
-            .iter()
-            .position(|o| o.id == id && matches!(o.body, Body::Eager(_)));
-        if let Some(i) = i {
-            p.offers.remove(i);
-            self.send_ctrl(q, Ctrl::new(Kind::Ack, id));
-        }
     }
 }

@@ -4,7 +4,6 @@
 
 use super::peer::{Dest, Inbound, Out};
 use super::progress::State;
-use super::wire::{Ctrl, Kind};
 use super::PostKind;
 use crate::error::Error;
 use crate::transport::{Link, LinkOps};
@@ -44,7 +43,7 @@ impl State {
         }
         fail.extend(p.clear_wait.drain().map(|(_, op)| op));
         fail.extend(p.data_wait.drain().filter_map(|(_, op)| op));
-        fail.extend(p.credit.drain());
+        p.credit.drain();
         if let Some(Inbound::Payload(_, Dest::Recv(op) | Dest::EagerRecv(op, _), _)) =
             p.inbound.take()
         {
@@ -121,6 +120,31 @@ impl State {
         }
     }
 
+    /// Closing: breaks the links of peers, still holding eager messages of
+    /// ours, whose process is gone (at most every [`LIVENESS_EVERY`]).
+    pub fn check_closing(&mut self, now: Instant) {
+        if now.duration_since(self.last_liveness) < LIVENESS_EVERY {
+            return;
+        }
+        self.last_liveness = now;
+        for q in 0..self.peers.len() {
+            let p = &self.peers[q];
+            if p.broken.is_some() || !p.credit.outstanding() {
+                continue;
+            }
+            if let Some(msg) = crate::transport::wait::peer_lost(q, p.link.as_ref(), p.pid) {
+                let e = Error::PeerLost {
+                    rank: self.rank,
+                    peer: q,
+                    op: "send/recv".into(),
+                    seq: 0,
+                    msg,
+                };
+                self.break_peer(q, e);
+            }
+        }
+    }
+
     /// `op`'s deadline ran out.
     fn time_out(&mut self, op: u64) {
         let o = &self.ops[&op];
@@ -146,16 +170,11 @@ impl State {
         };
         if !o.moving {
             // No byte of it is moving: forget it. A later Clear of a
-            // rendezvous send is answered with Cancel; an eager message
-            // waiting at the receiver is cancelled now; a receive was not
-            // matched yet.
+            // rendezvous send is answered with Cancel; a receive was not
+            // matched yet. (An eager send is moving until it completes.)
             if let PostKind::Send { peer } = o.post.kind {
                 let id = o.id;
-                let p = &mut self.peers[peer];
-                p.clear_wait.remove(&id);
-                if p.credit.forget(id) {
-                    self.send_ctrl(peer, Ctrl::new(Kind::Cancel, id));
-                }
+                self.peers[peer].clear_wait.remove(&id);
             }
             self.posted.retain(|&x| x != op);
             return self.finish(op, Err(e));

@@ -12,9 +12,10 @@
 //! A small one travels at once into the receiver's keeping ([`eager`]),
 //! within a credit per pair; a large one (or one without credit) by
 //! rendezvous ([`wire`]): its payload only travels into a buffer that a
-//! receive has matched. Either way a send completes when its receive has
-//! taken the message, and a receive too small for its message fails on
-//! both sides, and the link stays usable.
+//! receive has matched. An eager send completes once its message has left
+//! (as MPI's does), a rendezvous send when its receive has taken the
+//! message. A receive too small for its message fails (a rendezvous send
+//! too, an eager one has completed already), and the link stays usable.
 //!
 //! Whoever waits moves things ([`driver`]): a thread in `wait` polls the
 //! links itself while it would otherwise sleep, so a small message costs

@@ -17,8 +17,8 @@ pub(super) enum Out {
     Ctrl(Box<[u8; CTRL_BYTES]>, Option<u64>),
     /// A rendezvous send's payload: the send completes once it has left.
     Payload(u64),
-    /// An eager send's payload: the send completes once it has left and
-    /// the receiver has acknowledged it.
+    /// An eager send's payload: the send completes once it has left (the
+    /// receiver's answer only gives the credit back).
     Eager(u64),
 }
 
@@ -27,8 +27,8 @@ pub(super) enum Dest {
     /// A rendezvous receive's buffer.
     Recv(u64),
     /// An eager message straight into the receive that matched it (its
-    /// message id, to acknowledge).
-    EagerRecv(u64, u64),
+    /// length, whose credit goes back).
+    EagerRecv(u64, usize),
     /// An eager message nobody has asked for yet, into the buffer kept
     /// beside it (its id and tag): queued with the offers once complete.
     Stash(u64, u32),
@@ -86,13 +86,22 @@ pub(super) struct Peer {
 }
 
 impl Peer {
+    /// Whether anything is under way with this peer. Eager messages it
+    /// has not answered yet do not count: their sends are complete, and
+    /// the answers (credit only) are taken in by the next round anyone
+    /// runs; counting them would keep the progress thread polling (or
+    /// asleep on the doorbell, which every ring write then rings) after
+    /// each small exchange.
     pub fn busy(&self) -> bool {
-        self.cur.is_some()
-            || !self.outq.is_empty()
+        self.sending()
             || !self.clear_wait.is_empty()
             || !self.data_wait.is_empty()
-            || self.credit.outstanding()
             || matches!(self.inbound, Some(Inbound::Payload(..)))
+    }
+
+    /// Whether frames wait to go out to this peer.
+    pub fn sending(&self) -> bool {
+        self.cur.is_some() || !self.outq.is_empty()
     }
 }
 
@@ -148,8 +157,9 @@ impl State {
                 return Ok(moved);
             }
             match p.cur.take().expect("set above").0 {
-                Out::Ctrl(_, Some(op)) | Out::Payload(op) => self.finish(op, Ok(())),
-                Out::Eager(op) => self.eager_left(op),
+                Out::Ctrl(_, Some(op)) | Out::Payload(op) | Out::Eager(op) => {
+                    self.finish(op, Ok(()))
+                }
                 Out::Ctrl(_, None) => {}
             }
             moved = true;
@@ -186,9 +196,9 @@ impl State {
     fn payload_in(&mut self, q: usize, into: Dest, data: Vec<u8>) {
         match into {
             Dest::Recv(op) => self.finish(op, Ok(())),
-            Dest::EagerRecv(op, id) => {
+            Dest::EagerRecv(op, len) => {
                 self.finish(op, Ok(()));
-                self.send_ctrl(q, Ctrl::new(Kind::Ack, id));
+                self.eager_taken(q, len);
             }
             Dest::Stash(id, tag) => self.eager_arrived(q, id, tag, data),
             Dest::Drop => {}
@@ -234,13 +244,14 @@ impl State {
                 self.eager_in(q, c.id, c.tag, c.len as usize);
             }
             Kind::Ack => {
-                if !self.eager_acked(q, c.id) {
+                if !self.eager_acked(q, c.len) {
                     return Err(protocol(format!(
-                        "an acknowledgement of message {}, which is not waiting for one",
-                        c.id
+                        "{} bytes of eager credit given back, more than were sent",
+                        c.len
                     )));
                 }
             }
+            Kind::Flush => self.eager_flush(q),
             Kind::Clear => {
                 let p = &mut self.peers[q];
                 match p.clear_wait.remove(&c.id) {
@@ -256,13 +267,14 @@ impl State {
                     None => self.send_ctrl(q, Ctrl::new(Kind::Cancel, c.id)),
                 }
             }
-            Kind::Refuse => match self.peers[q].clear_wait.remove(&c.id) {
-                Some(op) => {
+            Kind::Refuse => {
+                // None: the send gave up (its deadline ran out) before the
+                // receiver matched it; nothing waits for the answer.
+                if let Some(op) = self.peers[q].clear_wait.remove(&c.id) {
                     let e = self.size_mismatch(op, q, c.aux as usize);
                     self.finish(op, Err(e));
                 }
-                None => self.eager_refused(q, c.id, c.aux as usize),
-            },
+            }
             Kind::Data => {
                 let target = self.peers[q].data_wait.remove(&c.id).ok_or_else(|| {
                     protocol(format!("data for message {} that was never cleared", c.id))
@@ -288,8 +300,10 @@ impl State {
                 };
                 self.peers[q].inbound = Some(inbound);
             }
-            Kind::Cancel => match self.peers[q].data_wait.remove(&c.id) {
-                Some(Some(op)) => {
+            Kind::Cancel => {
+                // `Some(None)`: the receive gave up already. Eager messages
+                // are never cancelled.
+                if let Some(Some(op)) = self.peers[q].data_wait.remove(&c.id) {
                     let e = Error::PeerLost {
                         rank: self.rank,
                         peer: q,
@@ -301,9 +315,7 @@ impl State {
                     };
                     self.finish(op, Err(e));
                 }
-                Some(None) => {}
-                None => self.eager_cancelled(q, c.id),
-            },
+            }
         }
         Ok(())
     }

@@ -23,7 +23,7 @@ use crate::reduce::{DataType, ReduceOp};
 use crate::transport::{make_tag, Link, SendMsg, StepCx, P2P_SEQ};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A posted send or receive.
 pub(super) struct Op {
@@ -39,10 +39,6 @@ pub(super) struct Op {
     /// receive was matched and cleared): a failure past this point breaks
     /// the pair's link, whose stream is then out of step.
     pub moving: bool,
-    /// Eager sends: the receiver's answer (Ack or Refuse), if it came
-    /// while the payload was still leaving (the send completes with it
-    /// once the payload has left).
-    pub answer: Option<Result<()>>,
 }
 
 /// Every posted op of a communicator's point-to-point channel.
@@ -56,6 +52,9 @@ pub(crate) struct State {
     arrivals: u64,
     pub(super) cx: StepCx,
     pub(super) last_liveness: Instant,
+    /// The longest deadline of any op posted: how long closing waits for
+    /// peers to take the eager messages sent to them.
+    pub(super) longest: Duration,
 }
 
 impl State {
@@ -114,12 +113,18 @@ impl State {
                 },
             },
             last_liveness: Instant::now(),
+            longest: Duration::ZERO,
         }
     }
 
     /// Nothing posted and nothing in flight.
     pub fn idle(&self) -> bool {
         self.ops.is_empty() && !self.peers.iter().any(|p| p.busy())
+    }
+
+    /// Frames wait to go out on some link.
+    pub fn sending(&self) -> bool {
+        self.peers.iter().any(|p| p.sending())
     }
 
     /// The earliest deadline of a posted op.
@@ -140,6 +145,7 @@ impl State {
             let id = self.next_op;
             self.next_op += 1;
             let deadline = crate::config::deadline_after(Instant::now(), post.timeout);
+            self.longest = self.longest.max(post.timeout);
             let kind = post.kind;
             self.ops.insert(
                 id,
@@ -153,7 +159,6 @@ impl State {
                     },
                     matched: 0,
                     moving: false,
-                    answer: None,
                 },
             );
             match kind {
@@ -305,7 +310,7 @@ impl State {
                 self.finish(s, Ok(()));
                 self.finish(op, Ok(()));
             }
-            (Body::Eager(data), fit) => self.eager_matched(op, q, offer.id, &data, fit),
+            (Body::Eager(data), fit) => self.eager_matched(op, q, &data, fit),
             (Body::Rendezvous, Err(e)) => {
                 let mut c = Ctrl::new(Kind::Refuse, offer.id);
                 c.aux = buf as u64;

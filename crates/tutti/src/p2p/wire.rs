@@ -21,9 +21,10 @@
 //! message is done once its offer is sent and matched.
 //!
 //! A small message may instead travel eager ([`super::eager`]): `Eager {id,
-//! tag, len}` and its payload at once, answered by `Ack {id}` once a
-//! receive has taken it (or `Refuse`, when it does not fit; `Cancel {id}`
-//! from a sender that gave up drops it unmatched, and is acknowledged).
+//! tag, len}` and its payload at once (the send completes once they have
+//! left); the receiver gives the credit of the eager bytes its receives
+//! took back in bulk, `Ack {len}` per 64 KiB, or per message once the
+//! sender, closing, has said `Flush`.
 
 use crate::error::{Error, Result};
 
@@ -42,19 +43,22 @@ pub(super) enum Kind {
     Refuse,
     /// Message `id`'s payload (`len` bytes) follows as the next message.
     Data,
-    /// The sender gave up on message `id` after it was cleared (or, for
-    /// an eager message, before it was acknowledged).
+    /// The sender gave up on message `id` after it was cleared.
     Cancel,
     /// Eager message `id` of `len` bytes with `tag`; its payload follows
     /// as the next message.
     Eager,
-    /// Eager message `id` was taken by a receive (or dropped after a
-    /// Cancel): its credit comes back.
+    /// Receives took (or refused) `len` bytes of eager messages: their
+    /// credit comes back.
     Ack,
+    /// The sender is closing: give eager credit back at once from now on
+    /// (an `Ack` per message taken), so that it knows when its messages
+    /// have all been taken.
+    Flush,
 }
 
 impl Kind {
-    const ALL: [Kind; 7] = [
+    const ALL: [Kind; 8] = [
         Kind::Offer,
         Kind::Clear,
         Kind::Refuse,
@@ -62,6 +66,7 @@ impl Kind {
         Kind::Cancel,
         Kind::Eager,
         Kind::Ack,
+        Kind::Flush,
     ];
 }
 
@@ -171,7 +176,7 @@ mod tests {
     #[test]
     fn unknown_kinds_are_errors() {
         let mut b = Ctrl::new(Kind::Offer, 1).encode();
-        for k in [0u32, 8, u32::MAX] {
+        for k in [0u32, 9, u32::MAX] {
             b[..4].copy_from_slice(&k.to_le_bytes());
             let e = Ctrl::decode(&b, 0, 1).unwrap_err().to_string();
             assert!(e.contains("unknown kind"), "{e}");
