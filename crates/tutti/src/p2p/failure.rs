@@ -106,17 +106,22 @@ impl State {
             if p.broken.is_some() || !waited_on {
                 continue;
             }
-            let why = crate::transport::wait::peer_lost(q, p.link.as_ref(), p.pid);
-            if let Some(msg) = why {
-                let e = Error::PeerLost {
-                    rank: self.rank,
-                    peer: q,
-                    op: "send/recv".into(),
-                    seq: 0,
-                    msg,
-                };
-                self.break_peer(q, e);
-            }
+            self.break_if_lost(q);
+        }
+    }
+
+    /// Breaks the pair with `q` if `q` is known to be lost.
+    fn break_if_lost(&mut self, q: usize) {
+        let p = &self.peers[q];
+        if let Some(msg) = crate::transport::wait::peer_lost(q, p.link.as_ref(), p.pid) {
+            let e = Error::PeerLost {
+                rank: self.rank,
+                peer: q,
+                op: "send/recv".into(),
+                seq: 0,
+                msg,
+            };
+            self.break_peer(q, e);
         }
     }
 
@@ -132,16 +137,7 @@ impl State {
             if p.broken.is_some() || !p.credit.outstanding() {
                 continue;
             }
-            if let Some(msg) = crate::transport::wait::peer_lost(q, p.link.as_ref(), p.pid) {
-                let e = Error::PeerLost {
-                    rank: self.rank,
-                    peer: q,
-                    op: "send/recv".into(),
-                    seq: 0,
-                    msg,
-                };
-                self.break_peer(q, e);
-            }
+            self.break_if_lost(q);
         }
     }
 
