@@ -18,9 +18,15 @@
 //! its first synchronisations dense instead, the residual added in and
 //! then flushed (the residual holds what was sent until the step has
 //! succeeded, so a failed warm-up step loses nothing either).
+//!
+//! With momentum correction ([`BucketOptions::top_k_momentum`], the
+//! `momentum` module) the gradients go through a per-element velocity
+//! before they are added to the residual, and the velocity is zeroed where
+//! the residual was sent.
 
 use super::super::sparse::top_k_indices;
 use super::super::{Communicator, Options, SparseRoute, TopK, Work};
+use super::momentum::{self, Momentum};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
 
@@ -39,8 +45,10 @@ const PAD: u32 = u32::MAX;
 /// let wire = BucketOptions::dense().wire(DataType::Bf16);
 /// let sparse = BucketOptions::dense().top_k(0.01);
 /// let warm = BucketOptions::dense().top_k(0.01).top_k_warmup(40);
+/// let dgc = BucketOptions::dense().top_k(0.01).top_k_momentum(0.9);
 /// assert_ne!(wire, sparse);
 /// assert_eq!(warm.top_k_warmup, 40);
+/// assert_eq!(dgc.top_k_momentum, Some(0.9));
 /// # let _ = dense;
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -53,6 +61,9 @@ pub struct BucketOptions {
     /// Top-K starts (0: none); only with `top_k`. See
     /// [`top_k_warmup`](BucketOptions::top_k_warmup).
     pub top_k_warmup: usize,
+    /// DGC's momentum correction factor in `[0, 1)`, if any; only with
+    /// `top_k`. See [`top_k_momentum`](BucketOptions::top_k_momentum).
+    pub top_k_momentum: Option<f64>,
 }
 
 impl BucketOptions {
@@ -100,8 +111,9 @@ impl BucketOptions {
     }
 
     /// The rules: a ratio in `(0, 1]`, not both a wire and Top-K, a
-    /// warm-up only with Top-K.
+    /// warm-up only with Top-K, a momentum in `[0, 1)` only with Top-K.
     pub(super) fn check(&self, k: usize) -> Result<()> {
+        momentum::check(self, k)?;
         if self.top_k_warmup > 0 && self.top_k.is_none() {
             return Err(Error::arg(format!(
                 "GradSync: bucket {k}: a Top-K warm-up ({} synchronisations) needs Top-K on \
@@ -162,13 +174,16 @@ pub(super) struct TopKState {
     warmup: usize,
     /// Synchronisations started so far (every rank starts the same).
     syncs: usize,
+    /// The velocity, with momentum correction.
+    pub momentum: Option<Momentum>,
 }
 
 /// What a Top-K bucket sent this step, until the step ends.
 #[derive(Debug)]
 enum Sent {
-    /// (index, value) pairs, no longer in the residual.
-    Pairs(Vec<u32>, Vec<f32>),
+    /// (index, value) pairs, no longer in the residual, and the velocity
+    /// masked at those indices (empty without momentum correction).
+    Pairs(Vec<u32>, Vec<f32>, Vec<f32>),
     /// A warm-up step: everything, the residual a copy of it until the
     /// step succeeds.
     Dense,
@@ -202,6 +217,7 @@ impl Bucket {
                 sent: None,
                 warmup: opts.top_k_warmup,
                 syncs: 0,
+                momentum: opts.top_k_momentum.map(|m| Momentum::new(len, m)),
             }),
             None => None,
         };
@@ -239,10 +255,7 @@ impl Bucket {
             // Warm-up: the residual goes with the gradients and keeps a
             // copy of what is sent until the step has succeeded.
             if !invalid {
-                for (g, r) in d[..n].iter_mut().zip(&mut t.residual) {
-                    *g += *r;
-                    *r = *g;
-                }
+                momentum::fold(t.momentum.as_mut(), &mut d[..n], &mut t.residual);
                 t.sent = Some(Sent::Dense);
             }
             d[n] = flag;
@@ -253,19 +266,17 @@ impl Bucket {
             )));
             return;
         }
-        let (idx, val) = if invalid {
-            (Vec::new(), Vec::new())
+        let (idx, val, masked) = if invalid {
+            (Vec::new(), Vec::new(), Vec::new())
         } else {
-            for (g, r) in d[..n].iter_mut().zip(&t.residual) {
-                *g += r;
-            }
+            momentum::fold(t.momentum.as_mut(), &mut d[..n], &mut t.residual);
             let idx = top_k_indices(&d[..n], t.select.k());
             let val: Vec<f32> = idx.iter().map(|&i| d[i as usize]).collect();
-            t.residual.copy_from_slice(&d[..n]);
             for &i in &idx {
                 t.residual[i as usize] = 0.0;
             }
-            (idx, val)
+            let masked = t.momentum.as_mut().map_or(Vec::new(), |m| m.mask(&idx));
+            (idx, val, masked)
         };
         let k = t.select.k();
         self.flight = Some(match comm.sparse_route(k + 1, n + 1) {
@@ -295,7 +306,7 @@ impl Bucket {
                 Flight::Reduce(comm.all_reduce_async(d, ReduceOp::Sum))
             }
         });
-        t.sent = Some(Sent::Pairs(idx, val));
+        t.sent = Some(Sent::Pairs(idx, val, masked));
     }
 
     /// Waits for this step's reduction and puts the sums back in `data`
@@ -333,14 +344,18 @@ impl Bucket {
     }
 
     /// Ends a Top-K bucket's step: on a failed step, what was sent goes
-    /// back into the residual; after a successful warm-up step the
-    /// residual is empty (everything was sent).
+    /// back into the residual (and the masked velocity back into the
+    /// velocity); after a successful warm-up step the residual is empty
+    /// (everything was sent).
     pub fn settle(&mut self, failed: bool) {
         if let Some(t) = &mut self.topk {
             match t.sent.take() {
-                Some(Sent::Pairs(idx, val)) if failed => {
+                Some(Sent::Pairs(idx, val, masked)) if failed => {
                     for (&i, &v) in idx.iter().zip(&val) {
                         t.residual[i as usize] += v;
+                    }
+                    if let Some(m) = &mut t.momentum {
+                        m.unmask(&idx, &masked);
                     }
                 }
                 Some(Sent::Dense) if !failed => t.residual.fill(0.0),

@@ -15,6 +15,7 @@
 //! rank the step's gradients are not an average.
 
 mod bucket;
+mod momentum;
 
 pub use bucket::BucketOptions;
 
@@ -48,7 +49,9 @@ use bucket::{Bucket, Layout};
 /// Per bucket, gradients travel as f32, on a 16-bit wire
 /// ([`wire`](GradSync::wire)) or as Top-K pairs with error feedback
 /// ([`top_k`](GradSync::top_k)), optionally after a dense warm-up
-/// ([`top_k_warmup`](GradSync::top_k_warmup));
+/// ([`top_k_warmup`](GradSync::top_k_warmup)) and with Deep Gradient
+/// Compression's momentum correction
+/// ([`top_k_momentum`](GradSync::top_k_momentum));
 /// [`bucket_options`](GradSync::bucket_options) sets one bucket apart.
 ///
 /// Every rank registers the same gradients (names and lengths) in the same
