@@ -12,7 +12,14 @@
 //! leave the exact dense average with nothing held back, counted in
 //! syncs when accumulating, and the next sync is each rank's top `k`
 //! again, the invariant kept throughout; a failed warm-up step counts and
-//! loses nothing.
+//! loses nothing. With DGC's momentum correction (`top_k_momentum`), each
+//! rank's velocity and residual follow `u = m u + g`, `v = v + u` (a
+//! reference kept here per rank), each sync sends a top `k` of `v` per
+//! bucket, zeroes `u` and `v` exactly there and keeps them elsewhere, and
+//! leaves the sum of what the ranks sent; the dense warm-up is dense SGD
+//! with momentum (the average velocity, `u` unmasked); ratio 1 masks every
+//! coordinate, leaving the plain average; a failed step puts `u` and `v`
+//! back; a factor outside `[0, 1)` or without Top-K is rejected.
 
 mod common;
 
@@ -270,6 +277,38 @@ fn bad_input(c: &Communicator, _: &Ctx) {
     let mut gs = GradSync::new(c);
     let w = gs.register("w", 8).expect("register");
     invalid(gs.residual(w).expect_err("dense"), &["'w'", "Top-K"]);
+    invalid(gs.velocity(w).expect_err("dense"), &["'w'", "momentum"]);
+    let mut gs = GradSync::new(c).top_k(0.5);
+    let w = gs.register("w", 8).expect("register");
+    invalid(
+        gs.velocity(w).expect_err("no momentum"),
+        &["'w'", "momentum"],
+    );
+    // The momentum factor: in [0, 1), only with Top-K.
+    for m in [-0.1, 1.0, 1.5, f64::NAN, f64::INFINITY] {
+        let mut gs = GradSync::new(c).top_k(0.5).top_k_momentum(m);
+        let a = gs.register("w", 8).expect("register");
+        invalid(
+            gs.mark_ready(a).expect_err("momentum"),
+            &["bucket 0", "momentum", "[0, 1)"],
+        );
+    }
+    let mut gs = GradSync::new(c).top_k_momentum(0.9);
+    gs.register("w", 8).expect("register");
+    invalid(
+        gs.wait().expect_err("momentum without Top-K"),
+        &["bucket 0", "momentum", "needs Top-K"],
+    );
+    let mut gs = GradSync::new(c)
+        .bucket_bytes(32)
+        .top_k(0.5)
+        .bucket_options(1, BucketOptions::dense().top_k_momentum(0.5));
+    gs.register("a", 8).expect("register");
+    gs.register("b", 8).expect("register");
+    invalid(
+        gs.wait().expect_err("bucket 1: momentum without Top-K"),
+        &["bucket 1", "needs Top-K"],
+    );
     // A warm-up needs Top-K on its bucket.
     let mut gs = GradSync::new(c).top_k_warmup(3);
     gs.register("w", 8).expect("register");
@@ -298,20 +337,26 @@ fn bad_input(c: &Communicator, _: &Ctx) {
     assert_eq!(gs.bucket_of(a).expect("laid out"), 1);
 
     for warmup in [0, 1] {
-        forgotten_gradient(c, warmup);
+        forgotten_gradient(c, warmup, None);
+        forgotten_gradient(c, warmup, Some(0.5));
     }
     assert_eq!(c.error().map(|e| e.to_string()), None);
 }
 
 /// Rank 1 forgets a gradient: every rank fails, nothing is lost. With a
 /// warm-up of 1 the failed step is the warm-up step: it counts, so the
-/// next is Top-K.
-fn forgotten_gradient(c: &Communicator, warmup: usize) {
+/// next is Top-K. With momentum `m`, the velocity is put back too (it is
+/// the gradient after one step), and the next step sends `(1 + m) g`.
+fn forgotten_gradient(c: &Communicator, warmup: usize, momentum: Option<f64>) {
     let r = c.rank();
     let mut gs = GradSync::new(c)
         .bucket_bytes(32)
         .top_k(0.25)
         .top_k_warmup(warmup);
+    if let Some(m) = momentum {
+        gs = gs.top_k_momentum(m);
+    }
+    let m = momentum.unwrap_or(0.0) as f32;
     let a = gs.register("fc.weight", 8).expect("register");
     let b = gs.register("fc.bias", 8).expect("register");
     let g: Vec<f32> = (0..8).map(|i| (i + 1) as f32).collect();
@@ -332,19 +377,256 @@ fn forgotten_gradient(c: &Communicator, warmup: usize) {
     if r != 1 {
         assert_eq!(gs.residual(a).expect("residual"), &g[..]);
     }
+    if momentum.is_some() {
+        assert_eq!(
+            gs.velocity(b).expect("velocity"),
+            &g[..],
+            "warm-up {warmup}"
+        );
+        if r != 1 {
+            assert_eq!(gs.velocity(a).expect("velocity"), &g[..]);
+        }
+    }
     // The next step works everywhere, the residual added in.
     gs.zero_grad().expect("zero_grad");
     gs.mark_ready(a).expect("mark_ready");
     gs.mark_ready(b).expect("mark_ready");
     assert!(gs.wait().expect("wait"));
+    // u = m g, v = g + u: (1 + m) g (m = 0.5: exact).
     assert_eq!(
         gs.grad(b).expect("grad")[7],
-        8.0 * (c.size() as f32) / c.size() as f32
+        (1.0 + m) * 8.0 * (c.size() as f32) / c.size() as f32
     );
     // Top-K (2 of 8): the smallest entry stayed back.
     assert_eq!(gs.grad(b).expect("grad")[0], 0.0, "warm-up {warmup}");
-    assert_eq!(gs.residual(b).expect("residual")[0], 1.0);
+    assert_eq!(gs.residual(b).expect("residual")[0], 1.0 + m);
+    if momentum.is_some() {
+        let u = gs.velocity(b).expect("velocity");
+        assert_eq!((u[0], u[6], u[7]), (m, 0.0, 0.0), "warm-up {warmup}");
+    }
 }
 
 rank_test!(bad_input_local_2, Transport::Local, 2, bad_input);
 rank_test!(bad_input_shm_3, Transport::Shm, 3, bad_input);
+
+/// Momentum correction, ratio 0.1, factor `m`, `every` micro-steps per
+/// sync, a dense warm-up of `warmup` syncs, against a reference of this
+/// rank's velocity `u` and residual `v` kept here: each sync, `u' = m u + g`
+/// and `v' = v + u'`; a warm-up sync sends all of `v'` (residual zero, `u'`
+/// kept); a Top-K sync sends, per bucket, `k` entries of largest `|v'|`,
+/// where both the residual and the velocity are now zero, and leaves `v'`
+/// and `u'` everywhere else; `wait` leaves the sum over ranks of what each
+/// sent (an AllReduce of this rank's sent entries here). Integers and
+/// `m = 0.5` keep everything exact in f32.
+fn momentum_reference(c: &Communicator, _: &Ctx, m: f64, every: usize, warmup: usize) {
+    let (n, r) = (c.size(), c.rank());
+    let ratio = 0.1;
+    let gs = GradSync::new(c)
+        .top_k(ratio)
+        .top_k_warmup(warmup)
+        .top_k_momentum(m)
+        .sync_every(every);
+    let (mut gs, ids) = new_sync(gs);
+    let bucket: Vec<usize> = ids
+        .iter()
+        .map(|&t| gs.bucket_of(t).expect("bucket"))
+        .collect();
+    let keep: Vec<usize> = (0..gs.buckets())
+        .map(|k| {
+            let len: usize = (0..GRADS.len())
+                .filter(|&t| bucket[t] == k)
+                .map(|t| GRADS[t])
+                .sum();
+            (len as f64 * ratio).ceil() as usize
+        })
+        .collect();
+    let mf = m as f32;
+    let mut u: Vec<Vec<f32>> = GRADS.iter().map(|&l| vec![0.0; l]).collect();
+    let mut v = u.clone();
+    let mut g = u.clone();
+    let mut sent_any = false;
+    for step in 0..(warmup + 4) * every {
+        fill(&mut gs, &ids, r, step);
+        for (t, gt) in g.iter_mut().enumerate() {
+            for (i, x) in gt.iter_mut().enumerate() {
+                *x += grad_val(r, step, t, i);
+            }
+        }
+        if !gs.wait().expect("wait") {
+            continue;
+        }
+        let sync = (step + 1) / every - 1;
+        let denom = (n * every) as f32; // a power of two here: exact
+                                        // This rank's u' and v'.
+        for t in 0..GRADS.len() {
+            for i in 0..GRADS[t] {
+                u[t][i] = mf * u[t][i] + g[t][i];
+                v[t][i] += u[t][i];
+            }
+        }
+        // What this rank sent, from what GradSync kept.
+        let mut sent: Vec<Vec<f32>> = GRADS.iter().map(|&l| vec![0.0; l]).collect();
+        let mut count = vec![0; keep.len()];
+        let (mut low, mut high) = (vec![f32::INFINITY; keep.len()], vec![0f32; keep.len()]);
+        for &t in &ids {
+            let res = gs.residual(t).expect("residual").to_vec();
+            let vel = gs.velocity(t).expect("velocity").to_vec();
+            let k = bucket[t];
+            for i in 0..GRADS[t] {
+                let at = format!("sync {sync}, grad {t}[{i}]");
+                if sync < warmup {
+                    // Dense SGD with momentum: all of v' sent, u' kept.
+                    assert_eq!(res[i], 0.0, "warm-up {at}");
+                    assert_eq!(vel[i], u[t][i], "warm-up {at}");
+                    sent[t][i] = v[t][i];
+                } else if res[i] == 0.0 && v[t][i] != 0.0 {
+                    // Sent: masked in u and v.
+                    assert_eq!(vel[i], 0.0, "sent, velocity not masked: {at}");
+                    sent[t][i] = v[t][i];
+                    count[k] += 1;
+                    low[k] = low[k].min(v[t][i].abs());
+                } else {
+                    // Held back: u' and v' kept.
+                    assert_eq!(res[i], v[t][i], "held back, residual: {at}");
+                    assert_eq!(vel[i], u[t][i], "held back, velocity: {at}");
+                    high[k] = high[k].max(v[t][i].abs());
+                }
+            }
+        }
+        if sync >= warmup {
+            sent_any = true;
+            for k in 0..keep.len() {
+                assert_eq!(
+                    count[k], keep[k],
+                    "sync {sync}: bucket {k} sent {}",
+                    count[k]
+                );
+                assert!(low[k] >= high[k], "sync {sync}: bucket {k} not a top k");
+            }
+        }
+        for &t in &ids {
+            let mut want = sent[t].clone();
+            c.all_reduce(&mut want, ReduceOp::Sum).expect("all_reduce");
+            for (i, (&got, &w)) in gs.grad(t).expect("grad").iter().zip(&want).enumerate() {
+                assert_eq!(got * denom, w, "sync {sync}: grad {t}[{i}]");
+            }
+            for i in 0..GRADS[t] {
+                if sent[t][i] != 0.0 || sync < warmup {
+                    (u[t][i], v[t][i]) = (if sync < warmup { u[t][i] } else { 0.0 }, 0.0);
+                }
+            }
+        }
+        g.iter_mut().for_each(|x| x.fill(0.0));
+        gs.zero_grad().expect("zero_grad");
+    }
+    assert!(sent_any);
+    assert_eq!(c.error().map(|e| e.to_string()), None);
+}
+
+fn momentum_1(c: &Communicator, x: &Ctx) {
+    momentum_reference(c, x, 0.5, 1, 0)
+}
+
+/// Factor 0: plain error feedback, through the momentum path.
+fn momentum_0(c: &Communicator, x: &Ctx) {
+    momentum_reference(c, x, 0.0, 1, 0)
+}
+
+fn momentum_accumulate(c: &Communicator, x: &Ctx) {
+    momentum_reference(c, x, 0.5, 2, 0)
+}
+
+/// Two dense syncs (SGD with momentum), then Top-K from that velocity.
+fn momentum_warmup(c: &Communicator, x: &Ctx) {
+    momentum_reference(c, x, 0.5, 1, 2)
+}
+
+fn momentum_warmup_accumulate(c: &Communicator, x: &Ctx) {
+    momentum_reference(c, x, 0.5, 2, 2)
+}
+
+rank_test!(momentum_local_2, Transport::Local, 2, momentum_1);
+rank_test!(momentum_local_4, Transport::Local, 4, momentum_1);
+rank_test!(momentum_zero_local_2, Transport::Local, 2, momentum_0);
+rank_test!(
+    momentum_accumulate_shm_4,
+    Transport::Shm,
+    4,
+    momentum_accumulate
+);
+rank_test!(momentum_tcp_2, Transport::Tcp, 2, momentum_1);
+rank_test!(
+    momentum_warmup_local_2,
+    Transport::Local,
+    2,
+    momentum_warmup
+);
+rank_test!(momentum_warmup_shm_4, Transport::Shm, 4, momentum_warmup);
+rank_test!(
+    momentum_warmup_accumulate_tcp_2,
+    Transport::Tcp,
+    2,
+    momentum_warmup_accumulate
+);
+
+/// Ratio 1 with momentum, against formulas over every rank's gradients
+/// (not GradSync's state): with a warm-up as long as the run, each sync is
+/// dense SGD with momentum, the average velocity `U = m U + mean(g)`;
+/// without one every coordinate is sent and masked each sync, so each
+/// sync is the plain average of the gradients (no momentum) and `u` and
+/// `v` stay zero.
+fn momentum_dense(c: &Communicator, _: &Ctx) {
+    let (n, r) = (c.size(), c.rank());
+    let syncs = 4;
+    for warmup in [syncs, 0] {
+        let gs = GradSync::new(c)
+            .top_k(1.0)
+            .top_k_warmup(warmup)
+            .top_k_momentum(0.5);
+        let (mut gs, ids) = new_sync(gs);
+        // Every rank's velocity.
+        let mut us: Vec<Vec<Vec<f32>>> = (0..n)
+            .map(|_| GRADS.iter().map(|&l| vec![0.0; l]).collect())
+            .collect();
+        for step in 0..syncs {
+            fill(&mut gs, &ids, r, step);
+            assert!(gs.wait().expect("wait"));
+            for &t in &ids {
+                for (q, u) in us.iter_mut().enumerate() {
+                    for (i, x) in u[t].iter_mut().enumerate() {
+                        *x = 0.5 * *x + grad_val(q, step, t, i);
+                    }
+                }
+                let got = gs.grad(t).expect("grad").to_vec();
+                for (i, &g) in got.iter().enumerate() {
+                    let at = format!("warm-up {warmup}, step {step}, grad {t}[{i}]");
+                    if warmup > 0 {
+                        let sum: f32 = (0..n).map(|q| us[q][t][i]).sum();
+                        assert_eq!(g, sum / n as f32, "SGD with momentum: {at}");
+                    } else {
+                        let sum: f32 = (0..n).map(|q| grad_val(q, step, t, i)).sum();
+                        assert_eq!(g, sum / n as f32, "plain average: {at}");
+                    }
+                }
+                let (res, vel) = (
+                    gs.residual(t).expect("residual").to_vec(),
+                    gs.velocity(t).expect("velocity").to_vec(),
+                );
+                assert!(res.iter().all(|&x| x == 0.0), "{res:?}");
+                if warmup > 0 {
+                    assert_eq!(vel, us[r][t], "warm-up: u kept");
+                } else {
+                    assert!(vel.iter().all(|&x| x == 0.0), "ratio 1: u masked: {vel:?}");
+                }
+            }
+            if warmup == 0 {
+                us.iter_mut().flatten().for_each(|u| u.fill(0.0));
+            }
+            gs.zero_grad().expect("zero_grad");
+        }
+    }
+    assert_eq!(c.error().map(|e| e.to_string()), None);
+}
+
+rank_test!(momentum_dense_local_2, Transport::Local, 2, momentum_dense);
+rank_test!(momentum_dense_shm_3, Transport::Shm, 3, momentum_dense);
