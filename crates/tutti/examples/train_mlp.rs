@@ -7,7 +7,9 @@
 //! [-1, 1) per input, so there is a rule to learn through the noise. Each
 //! rank draws its own samples (its shard: the seed is the rank and the
 //! micro-step), all ranks start from the same weights. The student: 64 -> hidden (ReLU) x depth -> 10,
-//! softmax cross-entropy, SGD with momentum; f32, plain loops.
+//! softmax cross-entropy, SGD with momentum (plain SGD under
+//! `--topk-momentum`, whose momentum is applied before the exchange); f32,
+//! plain loops.
 //!
 //! Backward marks each layer's gradients ready as soon as they are final
 //! (last layer first), so a bucket's reduction overlaps the backward pass
@@ -25,7 +27,10 @@
 //!
 //! Flags: `--wire f32|bf16|f16`, `--topk RATIO` (error feedback on),
 //! `--topk-warmup W` (with `--topk`: the first W synchronisations dense,
-//! `GradSync::top_k_warmup`), `--accum N`, `--steps N`, `--hidden H`,
+//! `GradSync::top_k_warmup`), `--topk-momentum M` (with `--topk`: Deep
+//! Gradient Compression's momentum correction, `GradSync::top_k_momentum`,
+//! the momentum M applied on each rank before the selection; the optimizer
+//! then takes plain SGD steps instead of SGD with momentum 0.9), `--accum N`, `--steps N`, `--hidden H`,
 //! `--depth D`, `--batch B` (per rank and micro-step), `--lr X`,
 //! `--bucket-mb M`, `--quiet` (no per-step lines). Rank 0 prints one
 //! line per optimizer step (the mean loss over the ranks, the step's wall
@@ -47,6 +52,7 @@ struct Args {
     wire: Option<DataType>,
     topk: Option<f64>,
     topk_warmup: usize,
+    topk_momentum: Option<f64>,
     accum: usize,
     steps: usize,
     hidden: usize,
@@ -62,6 +68,7 @@ fn parse() -> Result<Args, String> {
         wire: None,
         topk: None,
         topk_warmup: 0,
+        topk_momentum: None,
         accum: 1,
         steps: 50,
         hidden: 256,
@@ -90,6 +97,7 @@ fn parse() -> Result<Args, String> {
             }
             "--topk" => a.topk = Some(num(&v)?).filter(|&r| r > 0.0),
             "--topk-warmup" => a.topk_warmup = num(&v)? as usize,
+            "--topk-momentum" => a.topk_momentum = Some(num(&v)?),
             "--accum" => a.accum = num(&v)? as usize,
             "--steps" => a.steps = num(&v)? as usize,
             "--hidden" => a.hidden = num(&v)? as usize,
@@ -99,6 +107,9 @@ fn parse() -> Result<Args, String> {
             "--bucket-mb" => a.bucket_mb = num(&v)?,
             _ => return Err(format!("unknown flag {flag}")),
         }
+    }
+    if a.topk_momentum.is_some() && a.topk.is_none() {
+        return Err("--topk-momentum needs --topk (momentum correction is for Top-K)".into());
     }
     Ok(a)
 }
@@ -189,13 +200,14 @@ impl Layer {
         dx
     }
 
-    fn step(&mut self, gw: &[f32], gb: &[f32], lr: f32) {
+    /// SGD with momentum `m` (0: plain SGD).
+    fn step(&mut self, gw: &[f32], gb: &[f32], lr: f32, m: f32) {
         for ((w, v), g) in self.w.iter_mut().zip(&mut self.vw).zip(gw) {
-            *v = 0.9 * *v + g;
+            *v = m * *v + g;
             *w -= lr * *v;
         }
         for ((b, v), g) in self.b.iter_mut().zip(&mut self.vb).zip(gb) {
-            *v = 0.9 * *v + g;
+            *v = m * *v + g;
             *b -= lr * *v;
         }
     }
@@ -303,6 +315,15 @@ fn run(c: &Communicator, a: &Args) -> tutti::Result<()> {
     if a.topk_warmup > 0 {
         gs = gs.top_k_warmup(a.topk_warmup);
     }
+    // With momentum correction the momentum is GradSync's, before the
+    // selection: the optimizer takes plain SGD steps.
+    let momentum = match a.topk_momentum {
+        Some(m) => {
+            gs = gs.top_k_momentum(m);
+            0.0
+        }
+        None => 0.9,
+    };
     let mut ids = Vec::new();
     for (j, l) in layers.iter().enumerate() {
         let w = gs.register(&format!("layer{j}.weight"), l.w.len())?;
@@ -310,8 +331,16 @@ fn run(c: &Communicator, a: &Args) -> tutti::Result<()> {
         ids.push((w, b));
     }
     let wire = match (a.topk, a.wire) {
-        (Some(r), _) if a.topk_warmup > 0 => format!("topk{r}+warmup{}", a.topk_warmup),
-        (Some(r), _) => format!("topk{r}"),
+        (Some(r), _) => {
+            let mut w = format!("topk{r}");
+            if let Some(m) = a.topk_momentum {
+                w += &format!("+momentum{m}");
+            }
+            if a.topk_warmup > 0 {
+                w += &format!("+warmup{}", a.topk_warmup);
+            }
+            w
+        }
         (None, Some(DataType::Bf16)) => "bf16".into(),
         (None, Some(DataType::F16)) => "f16".into(),
         _ => "f32".into(),
@@ -372,7 +401,7 @@ fn run(c: &Communicator, a: &Args) -> tutti::Result<()> {
                     // its rate down, so one --lr fits every --hidden.
                     let lr = a.lr * (256.0 / l.inputs as f32).min(1.0);
                     let gwv = gs.grad(gw)?.to_vec();
-                    l.step(&gwv, gs.grad(gb)?, lr);
+                    l.step(&gwv, gs.grad(gb)?, lr, momentum);
                 }
                 gs.zero_grad()?;
             }

@@ -1,7 +1,8 @@
 //! The training example `examples/train_mlp.rs` at a small size: two real
 //! processes (the launcher's `TUTTI_*` variables set here), each variant
 //! of the gradient exchange (f32, bf16 and f16 wires, Top-K with error
-//! feedback, with and without a dense warm-up, accumulation) runs to its
+//! feedback, with and without a dense warm-up, with momentum correction,
+//! accumulation) runs to its
 //! JSON line and the loss falls. Nothing is timed.
 
 mod common;
@@ -93,6 +94,15 @@ fn train_mlp_learns_with_every_exchange() {
         &["--topk", "0.05"],
         &["--topk", "0.05", "--accum", "2"],
         &["--topk", "0.05", "--topk-warmup", "10"],
+        &["--topk", "0.05", "--topk-momentum", "0.9"],
+        &[
+            "--topk",
+            "0.05",
+            "--topk-momentum",
+            "0.9",
+            "--topk-warmup",
+            "10",
+        ],
     ] {
         let args: Vec<&str> = base.iter().chain(extra).copied().collect();
         let json = run(&args);
