@@ -15,9 +15,10 @@
 #     perf 1gbit      tutti perf all_reduce 16 MiB and 64 MiB, f32 and --wire bf16 alternated
 #                     ROUNDS (default 5) times, on 2 hosts
 #     converge        train_mlp and train_torch at a small size on 2 local ranks (no link
-#                     limit), every exchange, Top-K also after a dense warm-up; train_mlp
-#                     CONV_STEPS_RUST (default 2000) steps (its f32 loss flattens after
-#                     about 400), train_torch CONV_STEPS (default 300)
+#                     limit), every exchange, Top-K also after a dense warm-up, and (Rust)
+#                     with DGC's momentum correction, with and without the warm-up;
+#                     train_mlp CONV_STEPS_RUST (default 2000) steps (its f32 loss flattens
+#                     after about 400), train_torch CONV_STEPS (default 300)
 #     report          writes $OUT/table.md, $OUT/targets.md and docs/img/train_loss_*.svg
 #   Every run takes the exclusive bench lock (flock /work/bench.lock) for itself alone, so
 #   other builds proceed between runs. Results: one JSON line per run in $OUT/runs.jsonl
@@ -29,7 +30,13 @@
 #   BATCH=8 (per rank and micro-batch) LR_RUST=0.2 LR_TORCH=0.2 CONV_STEPS=300
 #   CONV_STEPS_RUST=2000 PREFIX=tr
 #   TOPK_WARMUP=40 (converge: the dense synchronisations of the torch "tutti/topk+warmup" run)
-#   RUST_TOPK_WARMUP=100 (converge: the same for the Rust "topk+warmup" run)
+#   RUST_TOPK_WARMUP=100 (converge: the same for the Rust "topk+warmup" and
+#   "topk+momentum+warmup" runs)
+#   RUST_TOPK_MOMENTUM=0.9 (converge: the momentum factor of the Rust "topk+momentum" and
+#   "topk+momentum+warmup" runs, train_mlp --topk-momentum)
+#   CONV_RUST="f32 bf16 f16 topk topk+warmup topk+momentum topk+momentum+warmup" and
+#   CONV_TORCH="tutti/none tutti/bf16 tutti/fp16 tutti/topk tutti/torch-fp16 tutti/topk+warmup"
+#   (converge: the variants to run; empty runs none of that example)
 set -eu
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/train}
@@ -44,6 +51,9 @@ CONV_STEPS=${CONV_STEPS:-300}
 CONV_STEPS_RUST=${CONV_STEPS_RUST:-2000}
 TOPK_WARMUP=${TOPK_WARMUP:-40}
 RUST_TOPK_WARMUP=${RUST_TOPK_WARMUP:-100}
+RUST_TOPK_MOMENTUM=${RUST_TOPK_MOMENTUM:-0.9}
+CONV_RUST=${CONV_RUST-f32 bf16 f16 topk topk+warmup topk+momentum topk+momentum+warmup}
+CONV_TORCH=${CONV_TORCH-tutti/none tutti/bf16 tutti/fp16 tutti/topk tutti/torch-fp16 tutti/topk+warmup}
 PREFIX=${PREFIX:-tr}
 RUST=target/release/examples/train_mlp
 TORCH=python/examples/train_torch.py
@@ -142,10 +152,13 @@ phase_perf() {
 
 phase_converge() {
   local port=$((20000 + RANDOM % 9000))
-  for v in f32 bf16 f16 topk topk+warmup; do
+  for v in $CONV_RUST; do
     case $v in
       topk) x=(--topk 0.01) ;;
       topk+warmup) x=(--topk 0.01 --topk-warmup "$RUST_TOPK_WARMUP") ;;
+      topk+momentum) x=(--topk 0.01 --topk-momentum "$RUST_TOPK_MOMENTUM") ;;
+      topk+momentum+warmup)
+        x=(--topk 0.01 --topk-momentum "$RUST_TOPK_MOMENTUM" --topk-warmup "$RUST_TOPK_WARMUP") ;;
       *) x=(--wire "$v") ;;
     esac
     local log="$OUT/log/converge-rust-${v//+/_}.txt"
@@ -153,7 +166,7 @@ phase_converge() {
       --quiet "${x[@]}" > "$log" 2>&1 && record "$log" link=none hosts=2 impl=rust variant="$v" phase=converge ||
       echo "converge rust $v: FAILED"
   done
-  for v in tutti/none tutti/bf16 tutti/fp16 tutti/topk tutti/torch-fp16 tutti/topk+warmup; do
+  for v in $CONV_TORCH; do
     local log="$OUT/log/converge-torch-${v//[\/+]/_}.txt" hook=${v#*/} extra=()
     case $hook in topk+warmup) hook=topk extra=(--topk-warmup "$TOPK_WARMUP") ;; esac
     flock "$LOCK" timeout 600 target/release/tutti run -n 2 --master-port $((port++)) -- "$PY" "$TORCH" \
