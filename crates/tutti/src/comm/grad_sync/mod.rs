@@ -183,8 +183,9 @@ impl<'c> GradSync<'c> {
     /// This reducer with every bucket's first `syncs` synchronisations
     /// dense before Top-K starts ([`BucketOptions::top_k_warmup`], the
     /// dense warm-up of Deep Gradient Compression): during the warm-up
-    /// `wait` leaves the plain f32 average, the residual is sent along
-    /// and nothing is held back (the residual stays zero); from the
+    /// `wait` leaves the plain f32 average (of the velocity, with
+    /// [`top_k_momentum`](GradSync::top_k_momentum)), the residual is sent
+    /// along and nothing is held back (the residual stays zero); from the
     /// `syncs + 1`-th synchronisation on, Top-K with error feedback.
     /// Synchronisations are counted, not steps: with
     /// [`sync_every(n)`](GradSync::sync_every) the warm-up lasts
