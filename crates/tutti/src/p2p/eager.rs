@@ -27,6 +27,15 @@
 //! sender therefore always has at least three quarters of its credit
 //! free for messages its receiver has taken.
 //!
+//! On the shared-memory rings a message of at most [`INLINE_BYTES`] goes
+//! *inline*: its `Eager` frame and payload are one ring message (the
+//! receiver's next frame receive takes it whole, its length in the ring
+//! header), so the smallest exchanges cost one header, one publication and
+//! one wake-up check each way instead of two. The payload is copied through
+//! a buffer on each side, which is cheap at that size; a larger eager
+//! message follows its frame as a message of its own, straight into the
+//! receive's buffer where one is posted.
+//!
 //! The send completes as soon as its payload has left (written into the
 //! ring or the socket), as MPI completes an eager send: the sender's buffer
 //! is free again and nothing waits for the receiver. A receive that does
@@ -46,10 +55,17 @@ use super::peer::{drop_payload, Body, Dest, Inbound, Offer, Out};
 use super::progress::State;
 use super::wire::{Ctrl, Kind};
 use crate::error::Result;
-use crate::transport::RecvMsg;
+use crate::transport::{LinkOps, RecvMsg};
 
 /// The largest message that may travel eager (bytes).
 pub(crate) const EAGER_BYTES: usize = 16 << 10;
+
+/// The largest eager message whose `Eager` frame and payload travel as one
+/// transport message, on links that take messages shorter than their
+/// receive expects ([`LinkOps::takes_var_len`]: the shared-memory rings):
+/// one header, one publication and one wake-up check each way instead of
+/// two, for a copy of the payload through a buffer on each side.
+pub(crate) const INLINE_BYTES: usize = 1 << 10;
 
 /// Eager bytes in flight per ordered pair of ranks: sent, and not yet
 /// given back by the receiver.
@@ -119,12 +135,36 @@ impl State {
             return false;
         }
         o.moving = true;
+        if len <= INLINE_BYTES && p.link.as_ref().is_some_and(|l| l.takes_var_len()) {
+            p.outq.push_back(Out::Inline(op));
+            return true;
+        }
         let mut c = Ctrl::new(Kind::Eager, id);
         c.tag = tag;
         c.len = len as u64;
         p.outq.push_back(Out::Ctrl(Box::new(c.encode()), None));
         p.outq.push_back(Out::Eager(op));
         true
+    }
+
+    /// An eager message from `q` came whole with its frame (`data`, at most
+    /// [`INLINE_BYTES`]): into the first posted receive that takes it, or
+    /// kept aside.
+    pub(super) fn eager_inline_in(&mut self, q: usize, id: u64, tag: u32, data: &[u8]) {
+        let len = data.len();
+        let Some(op) = self.take_posted(q, tag) else {
+            return self.eager_arrived(q, id, tag, data.to_vec());
+        };
+        let fit = self.check_fit(op, q, len);
+        if fit.is_ok() {
+            let to = self.ops[&op].post.ptr;
+            // SAFETY: the receive's buffer is valid for its length until the
+            // op completes (the poster's promise) and `data` fits it
+            // (checked); `data` is this side's own buffer.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), to, len) };
+        }
+        self.finish(op, fit);
+        self.eager_taken(q, len);
     }
 
     /// `q` gave back `len` bytes of credit; false if it never had them.

@@ -32,12 +32,16 @@ impl State {
             if let Some(l) = &p.link {
                 l.withdraw(&m, p.pid);
             }
-            if let Out::Ctrl(_, Some(op)) | Out::Payload(op) | Out::Eager(op) = out {
+            if let Out::Ctrl(_, Some(op)) | Out::Payload(op) | Out::Eager(op) | Out::Inline(op) =
+                out
+            {
                 fail.push(op);
             }
         }
         for out in p.outq.drain(..) {
-            if let Out::Ctrl(_, Some(op)) | Out::Payload(op) | Out::Eager(op) = out {
+            if let Out::Ctrl(_, Some(op)) | Out::Payload(op) | Out::Eager(op) | Out::Inline(op) =
+                out
+            {
                 fail.push(op);
             }
         }

@@ -3,13 +3,16 @@
 //! receive has matched yet, and what each incoming control frame
 //! ([`super::wire`]) does.
 
-use super::eager::{Credit, EAGER_BYTES};
+use super::eager::{Credit, EAGER_BYTES, INLINE_BYTES};
 use super::progress::State;
 use super::wire::{Ctrl, Kind, CTRL_BYTES};
 use crate::error::{Error, Result};
 use crate::transport::{Link, LinkOps, RecvMsg, SendMsg};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
+
+/// Room for an incoming control frame and an inline eager payload.
+pub(super) const CTRL_IN_BYTES: usize = CTRL_BYTES + INLINE_BYTES;
 
 /// A frame waiting to go out on a link.
 pub(super) enum Out {
@@ -20,6 +23,9 @@ pub(super) enum Out {
     /// An eager send's payload: the send completes once it has left (the
     /// receiver's answer only gives the credit back).
     Eager(u64),
+    /// An eager send's `Eager` frame and payload in one message (see
+    /// [`INLINE_BYTES`]), put together in `Peer::out_buf` as it goes.
+    Inline(u64),
 }
 
 /// Where an incoming payload goes.
@@ -72,7 +78,11 @@ pub(super) struct Peer {
     pub broken: Option<Error>,
     pub outq: VecDeque<Out>,
     pub cur: Option<(Out, SendMsg)>,
-    pub ctrl_in: Box<[u8; CTRL_BYTES]>,
+    /// The message going out for an [`Out::Inline`].
+    pub out_buf: Vec<u8>,
+    /// The incoming control frame, and an inline payload behind it (links
+    /// that take messages of variable length), [`CTRL_IN_BYTES`].
+    pub ctrl_in: Box<[u8]>,
     pub inbound: Option<Inbound>,
     pub offers: VecDeque<Offer>,
     /// Our sends to this peer waiting for its Clear, by message id.
@@ -147,6 +157,19 @@ impl State {
                         let o = &self.ops[op];
                         SendMsg::new(o.post.ptr, o.post.len, o.post.len)
                     }
+                    Out::Inline(op) => {
+                        let o = &self.ops[op];
+                        let mut c = Ctrl::new(Kind::Eager, o.id);
+                        c.tag = o.post.tag;
+                        c.len = o.post.len as u64;
+                        p.out_buf.clear();
+                        p.out_buf.extend_from_slice(&c.encode());
+                        // SAFETY: a send's buffer is valid for reads of its
+                        // length until the op completes (the poster's promise).
+                        let payload = unsafe { std::slice::from_raw_parts(o.post.ptr, o.post.len) };
+                        p.out_buf.extend_from_slice(payload);
+                        SendMsg::new(p.out_buf.as_ptr(), p.out_buf.len(), p.out_buf.len())
+                    }
                 };
                 p.cur = Some((out, m));
             }
@@ -157,7 +180,7 @@ impl State {
                 return Ok(moved);
             }
             match p.cur.take().expect("set above").0 {
-                Out::Ctrl(_, Some(op)) | Out::Payload(op) | Out::Eager(op) => {
+                Out::Ctrl(_, Some(op)) | Out::Payload(op) | Out::Eager(op) | Out::Inline(op) => {
                     self.finish(op, Ok(()))
                 }
                 Out::Ctrl(_, None) => {}
@@ -170,10 +193,17 @@ impl State {
         let mut moved = false;
         loop {
             let p = &mut self.peers[q];
-            let inbound = p.inbound.get_or_insert_with(|| {
-                Inbound::Ctrl(RecvMsg::new(p.ctrl_in.as_mut_ptr(), None, CTRL_BYTES))
-            });
             let link = p.link.as_mut().expect("checked by the caller");
+            let inbound = p.inbound.get_or_insert_with(|| {
+                // A frame, or on links that take it, a frame and an inline
+                // eager payload.
+                let mut m = RecvMsg::new(p.ctrl_in.as_mut_ptr(), None, CTRL_IN_BYTES);
+                m.var_len = link.takes_var_len();
+                if !m.var_len {
+                    m.len = CTRL_BYTES;
+                }
+                Inbound::Ctrl(m)
+            });
             let m = match inbound {
                 Inbound::Ctrl(m) | Inbound::Payload(m, ..) => m,
             };
@@ -183,13 +213,40 @@ impl State {
             }
             moved = true;
             match p.inbound.take().expect("set above") {
-                Inbound::Ctrl(_) => {
-                    let c = Ctrl::decode(&p.ctrl_in, self.rank, q)?;
-                    self.on_ctrl(q, c)?;
+                Inbound::Ctrl(m) => {
+                    let head: &[u8; CTRL_BYTES] =
+                        p.ctrl_in[..CTRL_BYTES].try_into().expect("long enough");
+                    let c = Ctrl::decode(head, self.rank, q)?;
+                    if m.len == CTRL_BYTES {
+                        self.on_ctrl(q, c)?;
+                    } else {
+                        self.inline_in(q, c, m.len - CTRL_BYTES)?;
+                    }
                 }
                 Inbound::Payload(_, into, data) => self.payload_in(q, into, data),
             }
         }
+    }
+
+    /// An `Eager` frame `c` from `q` came with `len` bytes of payload
+    /// behind it, in `ctrl_in`.
+    fn inline_in(&mut self, q: usize, c: Ctrl, len: usize) -> Result<()> {
+        if c.kind != Kind::Eager || c.len != len as u64 || len == 0 {
+            return Err(Error::Mismatch {
+                rank: self.rank,
+                peer: q,
+                seq: c.id,
+                msg: format!(
+                    "a {:?} frame with {len} bytes behind it (only an eager message of that length may carry them)",
+                    c.kind
+                ),
+            });
+        }
+        // Borrowed out while the message is matched (no allocation).
+        let buf = std::mem::take(&mut self.peers[q].ctrl_in);
+        self.eager_inline_in(q, c.id, c.tag, &buf[CTRL_BYTES..CTRL_BYTES + len]);
+        self.peers[q].ctrl_in = buf;
+        Ok(())
     }
 
     /// A payload from `q` has arrived whole.

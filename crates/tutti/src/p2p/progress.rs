@@ -16,7 +16,7 @@
 
 use super::eager::Credit;
 use super::peer::{Body, Offer, Out, Peer};
-use super::wire::{Ctrl, Kind, CTRL_BYTES};
+use super::wire::{Ctrl, Kind};
 use super::{Post, PostKind, RecvStatus};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
@@ -74,7 +74,8 @@ impl State {
                 broken: None,
                 outq: VecDeque::new(),
                 cur: None,
-                ctrl_in: Box::new([0; CTRL_BYTES]),
+                out_buf: Vec::new(),
+                ctrl_in: vec![0; super::peer::CTRL_IN_BYTES].into_boxed_slice(),
                 inbound: None,
                 offers: VecDeque::new(),
                 clear_wait: FxHashMap::default(),

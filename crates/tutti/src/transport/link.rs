@@ -63,6 +63,12 @@ pub(crate) trait LinkOps {
         false
     }
 
+    /// Whether the link delivers a message shorter than its receive
+    /// expects where the receive allows it ([`RecvMsg::var_len`]).
+    fn takes_var_len(&self) -> bool {
+        false
+    }
+
     /// After a failed op: ensures the peer no longer reads `m`'s buffer.
     fn withdraw(&self, _m: &SendMsg, _peer_pid: Option<i32>) {}
 
@@ -126,6 +132,9 @@ macro_rules! links {
             }
             fn honours_limit(&self) -> bool {
                 match self { $( Link::$variant(l) => l.honours_limit(), )+ }
+            }
+            fn takes_var_len(&self) -> bool {
+                match self { $( Link::$variant(l) => l.takes_var_len(), )+ }
             }
             fn withdraw(&self, m: &SendMsg, peer_pid: Option<i32>) {
                 match self { $( Link::$variant(l) => l.withdraw(m, peer_pid), )+ }

@@ -145,6 +145,10 @@ pub(crate) struct RecvMsg {
     /// payload (op) src`), where a reduction chain folds its first message
     /// and this rank's own operand in one pass.
     pub recv_first: bool,
+    /// The message may be shorter than `len`: its header says how long it
+    /// is, and `len` becomes that. Only links whose
+    /// [`LinkOps::takes_var_len`] says so honour it.
+    pub var_len: bool,
 }
 
 impl RecvMsg {
@@ -159,6 +163,7 @@ impl RecvMsg {
             stream: len >= reduce::copy::STREAM_MIN,
             limit: usize::MAX,
             recv_first: false,
+            var_len: false,
         }
     }
 

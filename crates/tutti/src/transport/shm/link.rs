@@ -55,6 +55,12 @@ pub(crate) struct RingLink {
     recv_msgs: u32,
     /// Direct messages received on this link.
     direct_recvd: u64,
+    /// The receiver's tail as this side last read it: at most the real
+    /// one, so the free space it gives is never too much. The sender reads
+    /// the real tail (a cache line the receiver writes) only when this
+    /// does not leave room for what it is about to write: a small message
+    /// then costs no cache-line transfer back from the receiver.
+    tail_seen: u64,
 }
 
 impl RingLink {
@@ -66,6 +72,9 @@ impl RingLink {
         peer: usize,
         direct: DirectRead,
     ) -> Self {
+        // Where the ring stands (it may have carried an earlier link's
+        // messages).
+        let tail_seen = seg.ctl(chan, me, peer).tail.load(Ordering::Acquire);
         RingLink {
             seg,
             chan,
@@ -76,6 +85,7 @@ impl RingLink {
             sent_msgs: 0,
             recv_msgs: 0,
             direct_recvd: 0,
+            tail_seen,
         }
     }
 
@@ -138,7 +148,22 @@ impl RingLink {
         let ctl = seg.ctl(self.chan, self.me, self.peer);
         let data = seg.data(self.chan, self.me, self.peer);
         let head = ctl.head.load(Ordering::Relaxed);
-        let tail = ctl.tail.load(Ordering::Acquire);
+        // What this call would write at most: the header (and a direct
+        // read's descriptor) if not yet out, and the rest of the payload
+        // with its padding.
+        let want = if m.header_sent {
+            0
+        } else {
+            (HEADER_BYTES + DESC_BYTES) as u64
+        } + (m.len.div_ceil(16) * 16 - m.sent) as u64;
+        let mut tail = self.tail_seen;
+        // `tail_seen` may lag far behind (a link made over a used ring):
+        // saturating, a stale value only reads as a full ring, which is
+        // read again (so `free` below is at most `cap`).
+        if cap.saturating_sub(head - tail) < want.clamp(1, cap) {
+            tail = ctl.tail.load(Ordering::Acquire);
+            self.tail_seen = tail;
+        }
         let free = cap - (head - tail);
         if let Some(target) = m.direct_target {
             // Waiting for the receiver to finish reading our buffer.
@@ -257,6 +282,11 @@ impl RingLink {
                     HEADER_BYTES,
                 )
             };
+            if m.var_len && hdr.flags & FLAG_DIRECT == 0 && hdr.len < m.len as u64 {
+                // A shorter message where the receive takes one: its length
+                // is the header's (checked against the rest below).
+                m.len = hdr.len as usize;
+            }
             cx.check_header(&hdr, m.len, self.peer, self.recv_msgs)?;
             if hdr.flags & FLAG_DIRECT != 0 {
                 if m.limit < m.len {
@@ -471,6 +501,9 @@ impl LinkOps for RingLink {
         RingLink::inbound_empty(self)
     }
     fn honours_limit(&self) -> bool {
+        true
+    }
+    fn takes_var_len(&self) -> bool {
         true
     }
     fn withdraw(&self, m: &SendMsg, peer_pid: Option<i32>) {
