@@ -712,6 +712,16 @@ fn send_then_close_shm() {
     common::procs_raw(&name, 2, Transport::Shm, &[], send_then_close);
 }
 
+/// With direct reads asked for from 1 KiB, eager messages still travel
+/// through the ring: a direct read would need the receiver, which here
+/// waits for the sender first, to run before the send completes.
+#[test]
+fn send_then_close_shm_direct() {
+    let name = common::test_name(module_path!(), "send_then_close_shm_direct");
+    let env = [("TUTTI_SHM_DIRECT_BYTES", "1K"), ("TUTTI_TIMEOUT", "60")];
+    common::procs_raw(&name, 2, Transport::Shm, &env, send_then_close);
+}
+
 #[test]
 fn send_then_close_tcp() {
     let name = common::test_name(module_path!(), "send_then_close_tcp");

@@ -83,8 +83,18 @@ impl std::fmt::Debug for Communicator {
 
 /// Messages at least this long go straight from the sender's memory on
 /// the point-to-point channel's shared-memory links, where ranks can read
-/// each other's memory.
-const P2P_DIRECT_BYTES: usize = 256 << 10;
+/// each other's memory: one copy (`process_vm_readv`) instead of two
+/// through the ring. Measured against the ring alone (`docs/performance.md`,
+/// "Send/Recv: direct reads from 32 KiB"), 2 ranks on 2 cores: 32 KiB to
+/// 128 KiB exchanges take 0.50-0.75 of their time. (Eager messages, up to
+/// 16 KiB, never go direct: `p2p::progress`.)
+const P2P_DIRECT_BYTES: usize = 32 << 10;
+
+/// [`P2P_DIRECT_BYTES`] where this host has more ranks than cores: a
+/// direct send waits for its receiver to run and read, where the ring
+/// lets it go on; from 128 KiB direct still gains (0.69-0.77 with 4
+/// ranks on 2 cores), at 32 KiB it lost (1.10).
+const P2P_DIRECT_BYTES_SHARED: usize = 128 << 10;
 
 /// Starts a connected group's engine over `core`, and makes its
 /// point-to-point channel over `p2p_links`.
@@ -106,9 +116,13 @@ pub(crate) fn start(
             .get(rank)
             .and_then(|&h| topo.hosts.get(h))
             .is_some_and(|h| h.cma);
-    let direct = config
-        .direct_bytes
-        .unwrap_or(if cma { P2P_DIRECT_BYTES } else { usize::MAX });
+    let direct = config.direct_bytes.unwrap_or(if !cma {
+        usize::MAX
+    } else if config.spin_for(ranks_here).1 {
+        P2P_DIRECT_BYTES_SHARED
+    } else {
+        P2P_DIRECT_BYTES
+    });
     let p2p = crate::p2p::P2p::new(
         p2p_links,
         pids,

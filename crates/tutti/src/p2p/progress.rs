@@ -14,7 +14,7 @@
 //! nothing else orders them: not other tags, not other peers, not
 //! collectives.
 
-use super::eager::Credit;
+use super::eager::{Credit, EAGER_BYTES};
 use super::peer::{Body, Offer, Out, Peer};
 use super::wire::{Ctrl, Kind};
 use super::{Post, PostKind, RecvStatus};
@@ -65,6 +65,11 @@ impl State {
         rank: usize,
         direct_bytes: usize,
     ) -> State {
+        // An eager payload is never read direct: its send completes once
+        // it has left, and a direct read needs the receiver to run first
+        // (a receiver that waits for that sender before receiving would
+        // never let it complete).
+        let direct_bytes = direct_bytes.max(EAGER_BYTES + 1);
         let peers = links
             .into_iter()
             .enumerate()
