@@ -264,19 +264,34 @@ impl<'c> GradSync<'c> {
     /// # Ok::<(), tutti::Error>(())
     /// ```
     pub fn residual(&mut self, i: usize) -> Result<&[f32]> {
-        self.index(i, "residual")?;
+        self.topk_part(i, "residual", "does not use Top-K", |b| {
+            b.topk.as_ref().map(|t| &t.residual[..])
+        })
+    }
+
+    /// Gradient `i`'s share of the Top-K state that `pick` finds in its
+    /// bucket (for [`residual`](GradSync::residual) and
+    /// [`velocity`](GradSync::velocity), named `what`), or an error: the
+    /// bucket `lacks` that state, or it is in flight.
+    fn topk_part(
+        &mut self,
+        i: usize,
+        what: &str,
+        lacks: &str,
+        pick: fn(&bucket::Bucket) -> Option<&[f32]>,
+    ) -> Result<&[f32]> {
+        self.index(i, what)?;
         let len = self.lens[i];
         let (k, at) = self.layout()?.place[i];
         let name = &self.names[i];
-        let l = self.layout.as_ref().expect("laid out");
-        let b = &l.buckets[k];
-        match &b.topk {
-            Some(t) if b.data.is_some() => Ok(&t.residual[at..at + len]),
+        let b = &self.layout.as_ref().expect("laid out").buckets[k];
+        match pick(b) {
+            Some(v) if b.data.is_some() => Ok(&v[at..at + len]),
             Some(_) => Err(Error::arg(format!(
-                "GradSync::residual: gradient '{name}' is being reduced: read it after wait()"
+                "GradSync::{what}: gradient '{name}' is being reduced: read it after wait()"
             ))),
             None => Err(Error::arg(format!(
-                "GradSync::residual: gradient '{name}' is in bucket {k}, which does not use Top-K"
+                "GradSync::{what}: gradient '{name}' is in bucket {k}, which {lacks}"
             ))),
         }
     }

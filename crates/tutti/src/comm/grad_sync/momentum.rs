@@ -184,21 +184,14 @@ impl GradSync<'_> {
     /// # Ok::<(), tutti::Error>(())
     /// ```
     pub fn velocity(&mut self, i: usize) -> Result<&[f32]> {
-        self.index(i, "velocity")?;
-        let len = self.lens[i];
-        let (k, at) = self.layout()?.place[i];
-        let name = &self.names[i];
-        let l = self.layout.as_ref().expect("laid out");
-        let b = &l.buckets[k];
-        match b.topk.as_ref().and_then(|t| t.momentum.as_ref()) {
-            Some(m) if b.data.is_some() => Ok(&m.velocity[at..at + len]),
-            Some(_) => Err(Error::arg(format!(
-                "GradSync::velocity: gradient '{name}' is being reduced: read it after wait()"
-            ))),
-            None => Err(Error::arg(format!(
-                "GradSync::velocity: gradient '{name}' is in bucket {k}, which has no Top-K \
-                 momentum correction (top_k_momentum)"
-            ))),
-        }
+        self.topk_part(
+            i,
+            "velocity",
+            "has no Top-K momentum correction (top_k_momentum)",
+            |b| {
+                let m = b.topk.as_ref()?.momentum.as_ref()?;
+                Some(&m.velocity[..])
+            },
+        )
     }
 }
