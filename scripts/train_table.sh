@@ -29,13 +29,17 @@
 #   2240 at other links: 5.2 M, so a step moves about as long on a 200mbit link)
 #   BATCH=8 (per rank and micro-batch) LR_RUST=0.2 LR_TORCH=0.2 CONV_STEPS=300
 #   CONV_STEPS_RUST=2000 PREFIX=tr
-#   TOPK_WARMUP=40 (converge: the dense synchronisations of the torch "tutti/topk+warmup" run)
+#   TOPK_WARMUP=40 (converge: the dense synchronisations of the torch "tutti/topk+warmup" and
+#   "tutti/topk+momentum+warmup" runs)
+#   TORCH_TOPK_MOMENTUM=0.9 (converge: the momentum factor of the torch "tutti/topk+momentum"
+#   and "tutti/topk+momentum+warmup" runs, train_torch.py --topk-momentum)
 #   RUST_TOPK_WARMUP=100 (converge: the same for the Rust "topk+warmup" and
 #   "topk+momentum+warmup" runs)
 #   RUST_TOPK_MOMENTUM=0.9 (converge: the momentum factor of the Rust "topk+momentum" and
 #   "topk+momentum+warmup" runs, train_mlp --topk-momentum)
 #   CONV_RUST="f32 bf16 f16 topk topk+warmup topk+momentum topk+momentum+warmup" and
-#   CONV_TORCH="tutti/none tutti/bf16 tutti/fp16 tutti/topk tutti/torch-fp16 tutti/topk+warmup"
+#   CONV_TORCH="tutti/none tutti/bf16 tutti/fp16 tutti/topk tutti/torch-fp16 tutti/topk+warmup
+#   tutti/topk+momentum tutti/topk+momentum+warmup"
 #   (converge: the variants to run; empty runs none of that example)
 set -eu
 cd "$(dirname "$0")/.."
@@ -52,8 +56,9 @@ CONV_STEPS_RUST=${CONV_STEPS_RUST:-2000}
 TOPK_WARMUP=${TOPK_WARMUP:-40}
 RUST_TOPK_WARMUP=${RUST_TOPK_WARMUP:-100}
 RUST_TOPK_MOMENTUM=${RUST_TOPK_MOMENTUM:-0.9}
+TORCH_TOPK_MOMENTUM=${TORCH_TOPK_MOMENTUM:-0.9}
 CONV_RUST=${CONV_RUST-f32 bf16 f16 topk topk+warmup topk+momentum topk+momentum+warmup}
-CONV_TORCH=${CONV_TORCH-tutti/none tutti/bf16 tutti/fp16 tutti/topk tutti/torch-fp16 tutti/topk+warmup}
+CONV_TORCH=${CONV_TORCH-tutti/none tutti/bf16 tutti/fp16 tutti/topk tutti/torch-fp16 tutti/topk+warmup tutti/topk+momentum tutti/topk+momentum+warmup}
 PREFIX=${PREFIX:-tr}
 RUST=target/release/examples/train_mlp
 TORCH=python/examples/train_torch.py
@@ -168,7 +173,11 @@ phase_converge() {
   done
   for v in $CONV_TORCH; do
     local log="$OUT/log/converge-torch-${v//[\/+]/_}.txt" hook=${v#*/} extra=()
-    case $hook in topk+warmup) hook=topk extra=(--topk-warmup "$TOPK_WARMUP") ;; esac
+    case $hook in
+      topk+warmup) hook=topk extra=(--topk-warmup "$TOPK_WARMUP") ;;
+      topk+momentum) hook=topk extra=(--topk-momentum "$TORCH_TOPK_MOMENTUM") ;;
+      topk+momentum+warmup) hook=topk extra=(--topk-momentum "$TORCH_TOPK_MOMENTUM" --topk-warmup "$TOPK_WARMUP") ;;
+    esac
     flock "$LOCK" timeout 600 target/release/tutti run -n 2 --master-port $((port++)) -- "$PY" "$TORCH" \
       --steps "$CONV_STEPS" --width 256 --quiet --backend tutti --hook "$hook" "${extra[@]}" > "$log" 2>&1 &&
       record "$log" link=none hosts=2 impl=torch variant="$v" phase=converge || echo "converge torch $v: FAILED"

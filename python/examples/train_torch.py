@@ -15,7 +15,9 @@ model is an MLP 64 -> width (ReLU) x depth -> 10, softmax cross-entropy, SGD wit
 
 --hook: none (DDP's own AllReduce on the backend), bf16 / fp16 (tutti.torch.hooks'
 16-bit wire, f32 accumulation), topk (tutti.torch.hooks.topk_hook, --topk-ratio, error
-feedback), torch-fp16 (torch's own fp16_compress_hook: casts to fp16 and sums in fp16).
+feedback; --topk-warmup W: W dense synchronisations first; --topk-momentum M: Deep Gradient
+Compression's momentum correction in the hook, and the optimizer without momentum),
+torch-fp16 (torch's own fp16_compress_hook: casts to fp16 and sums in fp16).
 --accum N: N micro-batches per optimizer step, the first N-1 under ddp.no_sync().
 
 Communication share, decided here: before training, each rank times --probe optimizer steps
@@ -69,10 +71,10 @@ def mlp(width, depth):
     return torch.nn.Sequential(*layers, torch.nn.Linear(d, CLASSES))
 
 
-def optimizer(model, lr):
+def optimizer(model, lr, momentum=0.9):
     groups = [{"params": list(m.parameters()), "lr": lr * min(1.0, 256 / m.in_features)}
               for m in model if isinstance(m, torch.nn.Linear)]
-    return torch.optim.SGD(groups, lr=lr, momentum=0.9)
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum)
 
 
 def batch(protos, rank, micro, rows):
@@ -97,7 +99,8 @@ def hook_of(a, ddp):
     elif a.hook == "fp16":
         ddp.register_comm_hook(None, hooks.fp16_wire_hook)
     else:
-        ddp.register_comm_hook(hooks.TopKState(ratio=a.topk_ratio, warmup_steps=a.topk_warmup), hooks.topk_hook)
+        state = hooks.TopKState(ratio=a.topk_ratio, warmup_steps=a.topk_warmup, momentum=a.topk_momentum)
+        ddp.register_comm_hook(state, hooks.topk_hook)
 
 
 def steps(a, net, opt, protos, rank, n_steps, micro0, ddp=None, on_step=None):
@@ -137,6 +140,9 @@ def main():
     ap.add_argument("--hook", default="none", choices=["none", "bf16", "fp16", "topk", "torch-fp16"])
     ap.add_argument("--topk-ratio", type=float, default=0.01)
     ap.add_argument("--topk-warmup", type=int, default=0, help="--hook topk: dense synchronisations first")
+    ap.add_argument("--topk-momentum", type=float, default=None,
+                    help="--hook topk: DGC's momentum correction in the hook (the optimizer then takes plain "
+                         "SGD steps)")
     ap.add_argument("--accum", type=int, default=1)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--width", type=int, default=256)
@@ -147,6 +153,8 @@ def main():
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
+    if a.topk_momentum is not None and a.hook != "topk":
+        raise SystemExit("--topk-momentum needs --hook topk")
     torch.set_num_threads(1)
     setup(a.backend)
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -163,7 +171,8 @@ def main():
     params = sum(p.numel() for p in model.parameters())
     ddp = DDP(model, bucket_cap_mb=a.bucket_mb)
     hook_of(a, ddp)
-    opt = optimizer(ddp.module, a.lr)
+    # With momentum correction the hook applies the momentum; the optimizer must not again.
+    opt = optimizer(ddp.module, a.lr, 0.0 if a.topk_momentum is not None else 0.9)
     curve, start = [], time.perf_counter()
     if rank == 0:
         print(f"train_torch: {n} ranks, backend {a.backend}, hook {a.hook}, {params} parameters, accum {a.accum}, "
@@ -185,7 +194,8 @@ def main():
         print(json.dumps({
             "example": "train_torch", "backend": a.backend, "hook": a.hook,
             "topk_ratio": a.topk_ratio if a.hook == "topk" else None,
-            "topk_warmup": a.topk_warmup if a.hook == "topk" else None, "ranks": n, "params": params,
+            "topk_warmup": a.topk_warmup if a.hook == "topk" else None,
+            "topk_momentum": a.topk_momentum if a.hook == "topk" else None, "ranks": n, "params": params,
             "accum": a.accum, "batch": a.batch, "steps": a.steps, "step_ms": round(step_ms, 2),
             "compute_ms": round(compute_ms, 2), "comm_share": round(max(0.0, 1 - compute_ms / step_ms), 4),
             "loss_first": round(curve[0][1], 5), "loss_last5": round(sum(tail) / len(tail), 5),

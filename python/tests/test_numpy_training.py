@@ -276,3 +276,49 @@ def test_top_k_error_feedback(ranks):
 
 def test_bad_input_fails_on_every_rank(ranks):
     ranks.run(w_bad_input)
+
+
+def test_top_k_momentum_correction():
+    """tutti.TopK(momentum=m), one process: compress folds in u = m u + g and masks u and
+    the residual where it sent; dense_step sends all and keeps u; restore puts state back;
+    bad input is a clear error."""
+    import tutti
+
+    rng = np.random.default_rng(3)
+    n, m = 20_000, 0.9
+    t = tutti.TopK(n, 0.01, momentum=m)
+    assert t.momentum == pytest.approx(m) and "momentum" in repr(t)
+    u, v = np.zeros(n, np.float64), np.zeros(n, np.float64)
+    for _ in range(3):
+        g = rng.standard_normal(n).astype(np.float32)
+        u = m * u + g
+        v = v + u
+        idx, vals = t.compress(g)
+        assert len(idx) == t.k == 200
+        np.testing.assert_allclose(vals, v[idx], rtol=1e-5)
+        # the largest of v were sent
+        assert np.abs(v[idx]).min() >= np.sort(np.abs(v))[-t.k] * (1 - 1e-6)
+        u[idx] = 0.0
+        v[idx] = 0.0
+        np.testing.assert_allclose(t.velocity, u, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(t.residual, v, rtol=1e-5, atol=1e-6)
+    g = rng.standard_normal(n).astype(np.float32)
+    sent = g.copy()
+    t.dense_step(sent)
+    u = m * u + g
+    np.testing.assert_allclose(sent, v + u, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(t.velocity, u, rtol=1e-5, atol=1e-6)
+    assert not t.residual.any()
+    t.restore(np.full(n, 2.0, np.float32), np.full(n, 3.0, np.float32))
+    assert (t.residual == 2.0).all() and (t.velocity == 3.0).all()
+    assert tutti.TopK(n, 0.01).velocity is None
+    with pytest.raises(tutti.InvalidArgumentError, match="momentum"):
+        tutti.TopK(n, 0.01, momentum=1.0)
+    with pytest.raises(tutti.InvalidArgumentError, match="error feedback"):
+        tutti.TopK(n, 0.01, error_feedback=False, momentum=0.5)
+    with pytest.raises(ValueError, match="velocity"):
+        tutti.TopK(n, 0.01).restore(np.zeros(n, np.float32), np.zeros(n, np.float32))
+    with pytest.raises(ValueError, match="elements"):
+        t.restore(np.zeros(n - 1, np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        t.dense_step(np.zeros(n, np.float64))

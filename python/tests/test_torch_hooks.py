@@ -219,6 +219,54 @@ def w_topk_warmup(ctx):
     return True
 
 
+def w_topk_momentum(ctx, warmup):
+    """TopKState(momentum=0.9): per rank and step, the velocity and the residual move as
+    DGC's momentum correction says (u = m u + g; v += u; both zeroed where sent, u kept
+    during the dense warm-up), across DDP's bucket rebuild, and the synced gradient is the
+    average over ranks of what each sent."""
+    import torch
+
+    from tutti.torch.hooks import TopKState, topk_hook
+
+    dist = ctx.dist()
+    n, r, m = ctx.n, ctx.rank, 0.9
+    model = _model()
+    ddp = _ddp(model, dist)
+    state = TopKState(ratio=0.05, momentum=m, warmup_steps=warmup)
+    ddp.register_comm_hook(state, topk_hook)
+    params = list(model.parameters())
+    zeros = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+    held_back = False
+    for step in range(4):  # the parameters stay fixed: gradients of different data
+        res0, vel0 = state.residuals(), state.velocities()
+        u0 = [vel0[p].double() if p in vel0 else z for p, z in zip(params, zeros)]
+        v0 = [res0[p].double() if p in res0 else z for p, z in zip(params, zeros)]
+        g = _local_grads(model, [_batch(r, step)])
+        ddp.zero_grad()
+        x, y = _batch(r, step)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        res1, vel1 = state.residuals(), state.velocities()
+        warm = step < warmup
+        for i, p in enumerate(params):
+            u1 = m * u0[i] + g[i]
+            folded = v0[i] + u1
+            v_after, u_after = res1[p].double(), vel1[p].double()
+            sent = (v_after == 0) & (folded != 0)
+            if warm:
+                assert bool(sent.all()), f"step {step}: the warm-up held something back"
+            elif not bool(sent.all()):
+                held_back = True
+            want_u = u1 if warm else torch.where(sent, torch.zeros_like(u1), u1)
+            torch.testing.assert_close(u_after, want_u, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(v_after, torch.where(sent, torch.zeros_like(folded), folded),
+                                       rtol=1e-5, atol=1e-6)
+            every = torch.where(sent, folded, torch.zeros_like(folded))
+            dist.all_reduce(every)
+            torch.testing.assert_close(p.grad.double(), every / n, rtol=1e-5, atol=1e-6)
+    assert held_back, "Top-K sent everything"
+    return True
+
+
 def w_not_a_tutti_group(ctx):
     import torch
 
@@ -278,6 +326,19 @@ def test_topk_hook_error_feedback_loses_nothing(ranks, ratio, route):
 
 def test_topk_hook_warmup_sends_dense(ranks):
     ranks.run(w_topk_warmup)
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_topk_hook_momentum_correction(ranks, warmup):
+    ranks.run(w_topk_momentum, warmup)
+
+
+def test_topk_state_momentum_rules():
+    from tutti.torch.hooks import TopKState
+
+    for bad in (dict(momentum=1.0), dict(momentum=-0.1), dict(momentum=0.5, error_feedback=False)):
+        with pytest.raises(ValueError, match="momentum"):
+            TopKState(**bad)
 
 
 def test_hooks_reject_other_groups(ranks):

@@ -19,7 +19,8 @@ Register one on a ``DistributedDataParallel`` model whose process group is a tut
   len)`` entries of largest magnitude of each bucket, plus error feedback: what is not sent
   is kept (per bucket index, per parameter) and added to the next step's gradient.
   ``TopKState(warmup_steps=W)`` sends the first ``W`` synchronisations dense (a plain
-  average), the dense warm-up of Deep Gradient Compression (Lin et al. 2018).
+  average), the dense warm-up of Deep Gradient Compression (Lin et al. 2018), and
+  ``TopKState(momentum=m)`` its momentum correction (the optimizer then uses plain SGD).
 
 Each hook returns at once with a ``torch.futures.Future`` that tutti's completer thread
 completes when the op is done, so the communication overlaps the rest of the backward
@@ -121,13 +122,12 @@ def fp16_wire_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[
 
 class _Entry:
     """One bucket index's compressor: the bucket's parameters (identity and size, in
-    buffer order), its :class:`tutti.TopK`, and a residual carried over from before a
-    bucket rebuild, added to the next gradient."""
+    buffer order) and its :class:`tutti.TopK` (residual and velocity)."""
 
-    __slots__ = ("sig", "params", "topk", "pending")
+    __slots__ = ("sig", "params", "topk")
 
-    def __init__(self, sig: Tuple, params: List[torch.Tensor], topk: TopK, pending: Optional[np.ndarray]):
-        self.sig, self.params, self.topk, self.pending = sig, params, topk, pending
+    def __init__(self, sig: Tuple, params: List[torch.Tensor], topk: TopK):
+        self.sig, self.params, self.topk = sig, params, topk
 
 
 class TopKState:
@@ -140,24 +140,44 @@ class TopKState:
     Deep Gradient Compression (Lin et al. 2018), which lets the early, fast-changing
     gradients through undelayed. :attr:`syncs` counts the synchronisations so far.
 
+    ``momentum``: DGC's momentum correction with factor ``m`` in ``[0, 1)`` (needs error
+    feedback). Each rank keeps a velocity per gradient entry, ``u = m * u + g``, adds it to
+    the residual, sends the top ``k`` of the residual and zeroes both where it sent; the
+    dense warm-up sends the whole residual and keeps ``u`` (SGD with momentum ``m``). The
+    hook's result is then the update itself: use the optimizer **without** momentum
+    (``torch.optim.SGD(params, lr, momentum=0)``), or momentum is applied twice. Plain
+    error feedback releases held-back entries in bursts that an optimizer's momentum
+    amplifies; this keeps Top-K training on the dense curve (docs/training.md).
+
     DDP rebuilds its buckets after the first iteration (by the order gradients became
-    ready): a residual follows its parameters to their new bucket, so nothing held back is
-    lost or misplaced. :meth:`residuals` shows what is held back, per parameter."""
+    ready): a residual (and a velocity) follows its parameters to their new bucket, so
+    nothing held back is lost or misplaced. :meth:`residuals` shows what is held back, per
+    parameter, and :meth:`velocities` the velocity."""
 
     def __init__(self, ratio: float = 0.01, error_feedback: bool = True, process_group: Any = None,
-                 warmup_steps: int = 0):
+                 warmup_steps: int = 0, momentum: Optional[float] = None):
         ratio = float(ratio)
         if not 0.0 < ratio <= 1.0:
             raise ValueError(f"TopKState: ratio {ratio} must be in (0, 1]")
         if int(warmup_steps) < 0:
             raise ValueError(f"TopKState: warmup_steps {warmup_steps} must be >= 0")
+        if momentum is not None:
+            momentum = float(momentum)
+            if not 0.0 <= momentum < 1.0:
+                raise ValueError(f"TopKState: momentum {momentum} must be in [0, 1)")
+            if not error_feedback:
+                raise ValueError("TopKState: momentum correction needs error_feedback=True (the velocity is "
+                                 "added to the residual)")
         self.ratio, self.error_feedback, self.process_group = ratio, bool(error_feedback), process_group
         self.warmup_steps = int(warmup_steps)
+        #: The momentum correction's factor, or None.
+        self.momentum = momentum
         #: Synchronisations so far (counted at each step's last bucket).
         self.syncs = 0
         self._buckets: Dict[int, _Entry] = {}
-        # Residuals of parameters whose bucket was rebuilt, until their new bucket comes.
-        self._loose: Dict[int, np.ndarray] = {}
+        # (residual, velocity) of parameters whose bucket was rebuilt, until their new
+        # bucket comes.
+        self._loose: Dict[int, Tuple[np.ndarray, Optional[np.ndarray]]] = {}
 
     def _entry(self, bucket: Any, n: int) -> _Entry:
         params = list(bucket.parameters())
@@ -169,35 +189,46 @@ class TopKState:
             for old in self._buckets.values():
                 self._loosen(old)
             self._buckets.clear()
-        pending = None
-        if self.error_feedback and self._loose and sum(c for _, c in sig) == n:
+        topk = TopK(n, self.ratio, self.error_feedback, momentum=self.momentum)
+        if self.error_feedback and self._loose and sig and sum(c for _, c in sig) == n:
             parts = [self._loose.pop(i, None) for i, _ in sig]
             if any(x is not None for x in parts):
-                pending = np.concatenate([x if x is not None else np.zeros(c, np.float32)
-                                          for x, (_, c) in zip(parts, sig)]) if sig else None
-        e = _Entry(sig, params, TopK(n, self.ratio, self.error_feedback), pending)
+                zero = [np.zeros(c, np.float32) for _, c in sig]
+                res = np.concatenate([x[0] if x is not None else z for x, z in zip(parts, zero)])
+                vel = None if self.momentum is None else np.concatenate(
+                    [x[1] if x is not None and x[1] is not None else z for x, z in zip(parts, zero)])
+                topk.restore(res, vel)
+        e = _Entry(sig, params, topk)
         self._buckets[bucket.index()] = e
         return e
 
     def _loosen(self, e: _Entry) -> None:
-        res = e.topk.residual if e.pending is None else e.topk.residual + e.pending
+        res, vel = e.topk.residual, e.topk.velocity
         if sum(c for _, c in e.sig) != len(res):
             return
         at = 0
         for i, c in e.sig:
-            self._loose[i] = res[at:at + c].copy()
+            self._loose[i] = (res[at:at + c], None if vel is None else vel[at:at + c])
             at += c
 
     def residuals(self) -> Dict[torch.Tensor, torch.Tensor]:
         """What is held back now, per parameter (a copy shaped like the parameter); zeros
         without error feedback. Parameters no bucket has carried yet are absent."""
+        return self._per_param(lambda t: t.residual)
+
+    def velocities(self) -> Dict[torch.Tensor, torch.Tensor]:
+        """The momentum correction's velocity now, per parameter (a copy shaped like the
+        parameter); empty without momentum correction."""
+        return {} if self.momentum is None else self._per_param(lambda t: t.velocity)
+
+    def _per_param(self, of: Any) -> Dict[torch.Tensor, torch.Tensor]:
         out: Dict[Any, torch.Tensor] = {}
         for e in self._buckets.values():
-            res = e.topk.residual if e.pending is None else e.topk.residual + e.pending
+            vec = of(e.topk)  # a copy
             at = 0
             for p in e.params:
                 c = p.numel()
-                out[p] = torch.from_numpy(res[at:at + c].copy()).view(p.shape)
+                out[p] = torch.from_numpy(vec[at:at + c].copy()).view(p.shape)
                 at += c
         return out
 
@@ -223,18 +254,14 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future
     warm = state.syncs < state.warmup_steps
     if bucket.is_last():
         state.syncs += 1
-    if warm:  # dense warm-up: the plain average; a carried residual goes with it
-        if e.pending is not None:
-            g += e.pending
-            e.pending = None
+    if warm:  # dense warm-up: the plain average of the folded-in gradient (momentum, residual)
+        e.topk.dense_step(g)
         fut0: torch.futures.Future = torch.futures.Future()
         p = buf.data_ptr()
         comm._call(C.ALL_REDUCE, 0, C.F32, C.OP_AVG, n_el, p, n_el * 4, p, n_el * 4, None, True, buf,
                    _completion(fut0, buf))
         return fut0
-    src = g if e.pending is None else g + e.pending
-    e.pending = None
-    idx, vals = e.topk.compress(src)
+    idx, vals = e.topk.compress(g)
     k = len(idx)
     size = comm.size
     fut: torch.futures.Future = torch.futures.Future()

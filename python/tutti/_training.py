@@ -53,12 +53,17 @@ class TopK:
     dropped, and Top-K training tends to stall). ``k`` is ``ceil(ratio * n)`` (at least 1),
     or given directly with ``k=``. Use it with :meth:`Communicator.top_k_all_reduce`, or
     compress yourself and call :meth:`Communicator.sparse_all_reduce`.
+
+    ``momentum=m`` (in ``[0, 1)``, with error feedback) adds Deep Gradient Compression's
+    momentum correction: :meth:`compress` folds the gradient in as ``u = m * u + g;
+    residual += u`` and zeroes ``u`` and the residual where it sent; the optimizer then
+    takes plain SGD steps (no momentum of its own).
     """
 
     __slots__ = ("_t",)
 
     def __init__(self, n: int, ratio: Optional[float] = None, error_feedback: bool = True, *,
-                 k: Optional[int] = None):
+                 k: Optional[int] = None, momentum: Optional[float] = None):
         n = int(n)
         if (ratio is None) == (k is None):
             raise TypeError("TopK: give exactly one of ratio and k")
@@ -67,7 +72,8 @@ class TopK:
             if not 1 <= k <= max(n, 1):
                 raise InvalidArgumentError(f"TopK: k={k} must be in 1..{n} (the vector has {n} elements)")
             ratio = (k - 0.5) / n if n else 1.0  # ceil(ratio * n) == k, whatever the rounding
-        self._t = _native.TopK(n, float(ratio), bool(error_feedback))
+        m = None if momentum is None else float(momentum)
+        self._t = _native.TopK(n, float(ratio), bool(error_feedback), m)
 
     @property
     def k(self) -> int:
@@ -90,6 +96,35 @@ class TopK:
         feedback)."""
         return self._t.residual()
 
+    @property
+    def momentum(self) -> Optional[float]:
+        """The momentum factor of momentum correction, or None without it."""
+        return self._t.momentum
+
+    @property
+    def velocity(self) -> Optional[np.ndarray]:
+        """A copy of momentum correction's velocity ``u`` (``n`` float32), or None without
+        momentum correction."""
+        return self._t.velocity()
+
+    def restore(self, residual: np.ndarray, velocity: Optional[np.ndarray] = None) -> None:
+        """Overwrites the residual (and, with momentum correction, the velocity; None keeps
+        it) with ``n`` float32 values each, e.g. to carry them over when the gradients are
+        regrouped into new vectors."""
+        r = np.ascontiguousarray(residual, dtype=np.float32).reshape(-1)
+        v = None if velocity is None else np.ascontiguousarray(velocity, dtype=np.float32).reshape(-1)
+        self._t.restore(r, v)
+
+    def dense_step(self, grad: np.ndarray) -> None:
+        """A dense step, in place on ``grad`` (``n`` float32, contiguous and writable): folds
+        the gradient in as :meth:`compress` does (with momentum correction ``u = m * u +
+        g``), leaves the whole residual in ``grad``, to be sent dense, and empties the
+        residual; the velocity is kept, so dense steps are SGD with momentum ``m``. For a
+        dense warm-up before Top-K."""
+        if not isinstance(grad, np.ndarray) or grad.dtype != np.float32 or not grad.flags.c_contiguous:
+            raise TypeError("TopK.dense_step: grad must be a contiguous float32 numpy array")
+        self._t.dense_step(grad.reshape(-1))
+
     def compress(self, grad: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """Adds the residual to ``grad`` (``n`` float32 elements, any shape; not modified)
         and returns the ``k`` entries of largest magnitude as ``(indices uint32, values
@@ -100,7 +135,8 @@ class TopK:
         return self._t.compress(np.ascontiguousarray(g).reshape(-1))
 
     def __repr__(self) -> str:
-        return f"tutti.TopK(n={self.n}, k={self.k}, error_feedback={self.error_feedback})"
+        m = "" if self.momentum is None else f", momentum={self.momentum}"
+        return f"tutti.TopK(n={self.n}, k={self.k}, error_feedback={self.error_feedback}{m})"
 
 
 def _f32_out(a: Any, what: str) -> Tuple[int, int]:

@@ -12,7 +12,7 @@
 use crate::comm::{duration, nonnull, reduce_op, PyComm};
 use crate::errors::IntoPy;
 use half::{bf16, f16};
-use numpy::{PyArray1, PyReadonlyArray1};
+use numpy::{PyArray1, PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -217,10 +217,21 @@ impl PyTopK {
 impl PyTopK {
     /// For vectors of `len` elements, sending `ceil(ratio * len)` of them
     /// (at least one); `ratio` in (0, 1].
+    /// `momentum`: DGC's momentum correction (`TopK::with_momentum`) when
+    /// not None.
     #[new]
-    #[pyo3(signature = (len, ratio, error_feedback=true))]
-    fn new(py: Python<'_>, len: usize, ratio: f64, error_feedback: bool) -> PyResult<Self> {
-        let t = tutti::TopK::new(len, ratio, error_feedback).py(py)?;
+    #[pyo3(signature = (len, ratio, error_feedback=true, momentum=None))]
+    fn new(
+        py: Python<'_>,
+        len: usize,
+        ratio: f64,
+        error_feedback: bool,
+        momentum: Option<f64>,
+    ) -> PyResult<Self> {
+        let mut t = tutti::TopK::new(len, ratio, error_feedback).py(py)?;
+        if let Some(m) = momentum {
+            t = t.with_momentum(m).py(py)?;
+        }
         Ok(PyTopK {
             inner: Mutex::new(t),
             len,
@@ -249,6 +260,62 @@ impl PyTopK {
     /// A copy of what has not been sent yet (zeros without error feedback).
     fn residual<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f32>> {
         PyArray1::from_slice(py, self.lock().residual())
+    }
+
+    /// The momentum factor, or None without momentum correction.
+    #[getter]
+    fn momentum(&self) -> Option<f64> {
+        self.lock().momentum()
+    }
+
+    /// A copy of the velocity of momentum correction, or None without it.
+    fn velocity<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<f32>>> {
+        self.lock().velocity().map(|v| PyArray1::from_slice(py, v))
+    }
+
+    /// Overwrites the residual (and the velocity, with momentum
+    /// correction; None leaves it) with copies of the given float32
+    /// vectors of `len` elements.
+    #[pyo3(signature = (residual, velocity=None))]
+    fn restore(
+        &self,
+        residual: PyReadonlyArray1<'_, f32>,
+        velocity: Option<PyReadonlyArray1<'_, f32>>,
+    ) -> PyResult<()> {
+        let mut t = self.lock();
+        let (r, v) = t.state_mut();
+        let copy = |dst: &mut [f32], src: &PyReadonlyArray1<'_, f32>, what: &str| {
+            let src = src.as_slice().map_err(|_| {
+                PyTypeError::new_err(format!("TopK.restore: {what} must be contiguous"))
+            })?;
+            if src.len() != dst.len() {
+                return Err(PyValueError::new_err(format!(
+                    "TopK.restore: {what} has {} elements, this compressor {}",
+                    src.len(),
+                    dst.len()
+                )));
+            }
+            dst.copy_from_slice(src);
+            Ok(())
+        };
+        copy(r, &residual, "residual")?;
+        match (v, velocity) {
+            (Some(v), Some(src)) => copy(v, &src, "velocity"),
+            (None, Some(_)) => Err(PyValueError::new_err(
+                "TopK.restore: a velocity for a compressor without momentum correction",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// A dense step in place on `grad` (float32, 1-D, writable): folds it
+    /// in as `compress` does, leaves the whole residual in `grad` and
+    /// empties the residual (`TopK::dense_step`). Runs without the GIL.
+    fn dense_step(&self, py: Python<'_>, mut grad: PyReadwriteArray1<'_, f32>) -> PyResult<()> {
+        let g = grad
+            .as_slice_mut()
+            .map_err(|_| PyTypeError::new_err("TopK.dense_step: grad must be contiguous"))?;
+        py.detach(|| self.lock().dense_step(g)).py(py)
     }
 
     /// Adds the residual to `grad` (float32, 1-D, `len` elements), keeps

@@ -220,11 +220,23 @@ fn check_local(indices: &[u32], values: &[f32], len: usize, op: ReduceOp) -> Res
 /// magnitude, and keeps the rest as the new residual; with error feedback
 /// off the rest is dropped. [`Communicator::top_k_all_reduce`] does that
 /// and the sparse AllReduce in one call.
+///
+/// With [`with_momentum`](TopK::with_momentum) it also applies Deep
+/// Gradient Compression's momentum correction (Lin et al. 2018) before the
+/// selection: a velocity `u = m * u + g` is added to the residual, and both
+/// are zeroed where entries were sent; the optimizer then takes plain SGD
+/// steps. `GradSync` has the same per bucket
+/// ([`GradSync::top_k_momentum`](crate::GradSync::top_k_momentum)).
 #[derive(Clone, Debug)]
 pub struct TopK {
     k: usize,
     residual: Vec<f32>,
     error_feedback: bool,
+    /// The momentum factor, with momentum correction.
+    momentum: Option<f32>,
+    /// The velocity `u`: one entry per element with momentum correction,
+    /// empty without.
+    velocity: Vec<f32>,
 }
 
 impl TopK {
@@ -239,7 +251,60 @@ impl TopK {
             k,
             residual: vec![0.0; len],
             error_feedback,
+            momentum: None,
+            velocity: Vec::new(),
         })
+    }
+
+    /// This compressor with momentum correction, factor `m` in `[0, 1)`:
+    /// [`compress`](TopK::compress) then folds the gradient in as
+    /// `u = m * u + g; residual += u`, selects from the residual, and zeroes
+    /// the residual and `u` where it sent (momentum factor masking). Needs
+    /// error feedback. `m = 0` is plain error feedback.
+    ///
+    /// ```
+    /// let mut t = tutti::TopK::new(4, 0.25, true)?.with_momentum(0.5)?;
+    /// assert_eq!(t.compress(&[1.0, -4.0, 3.0, 2.0])?, (vec![1], vec![-4.0]));
+    /// assert_eq!(t.velocity(), Some(&[1.0, 0.0, 3.0, 2.0][..]));
+    /// // u = 0.5 * u + g = [1.5, 0, 1.5, 1]; residual = [1, 0, 3, 2] + u.
+    /// assert_eq!(t.compress(&[1.0, 0.0, 0.0, 0.0])?, (vec![2], vec![4.5]));
+    /// assert_eq!(t.residual(), &[2.5, 0.0, 0.0, 3.0]);
+    /// # Ok::<(), tutti::Error>(())
+    /// ```
+    pub fn with_momentum(self, m: f64) -> Result<TopK> {
+        if !(0.0..1.0).contains(&m) {
+            return Err(Error::arg(format!("TopK: momentum {m} must be in [0, 1)")));
+        }
+        if !self.error_feedback {
+            return Err(Error::arg(format!(
+                "TopK: momentum correction (momentum {m}) needs error feedback: the velocity \
+                 is added to the residual"
+            )));
+        }
+        let len = self.residual.len();
+        Ok(TopK {
+            momentum: Some(m as f32),
+            velocity: vec![0.0; len],
+            ..self
+        })
+    }
+
+    /// The momentum factor, if momentum correction is on.
+    pub fn momentum(&self) -> Option<f64> {
+        self.momentum.map(f64::from)
+    }
+
+    /// The velocity `u` of momentum correction, if on.
+    pub fn velocity(&self) -> Option<&[f32]> {
+        self.momentum.map(|_| &self.velocity[..])
+    }
+
+    /// The residual and the velocity (if momentum correction is on), to
+    /// write: e.g. to carry them over when a framework regroups its
+    /// gradients into new vectors.
+    pub fn state_mut(&mut self) -> (&mut [f32], Option<&mut [f32]>) {
+        let v = self.momentum.map(|_| &mut self.velocity[..]);
+        (&mut self.residual[..], v)
     }
 
     /// Entries sent per step.
@@ -257,13 +322,7 @@ impl TopK {
     /// keeps the rest as the residual. `grad` must have the length given
     /// to [`new`](TopK::new).
     pub fn compress(&mut self, grad: &[f32]) -> Result<(Vec<u32>, Vec<f32>)> {
-        if grad.len() != self.residual.len() {
-            return Err(Error::arg(format!(
-                "TopK::compress: the gradient has {} elements, this compressor {}",
-                grad.len(),
-                self.residual.len()
-            )));
-        }
+        self.check_len(grad.len(), "compress")?;
         // In place: the residual becomes gradient + residual, the selection
         // runs on it, and what is sent is zeroed; no full-length temporary.
         let k = self.k;
@@ -272,12 +331,64 @@ impl TopK {
             let values = order.iter().map(|&i| grad[i as usize]).collect();
             return Ok((order, values));
         }
-        let order = add_and_select(&mut self.residual, grad, k);
+        let mo = self.momentum.map(|m| (&mut self.velocity[..], m));
+        let order = add_and_select(&mut self.residual, grad, mo, k);
         let values = order.iter().map(|&i| self.residual[i as usize]).collect();
         for &i in &order {
             self.residual[i as usize] = 0.0;
         }
+        if self.momentum.is_some() {
+            for &i in &order {
+                self.velocity[i as usize] = 0.0;
+            }
+        }
         Ok((order, values))
+    }
+
+    /// A dense step (a warm-up before Top-K, say): folds `grad` in as
+    /// [`compress`](TopK::compress) does, then leaves the whole residual in
+    /// `grad`, to be sent by a dense AllReduce, and empties the residual.
+    /// The velocity is kept (nothing is stale when everything is sent), so
+    /// dense steps with momentum correction are SGD with momentum `m`.
+    /// Without error feedback `grad` is left as it is.
+    ///
+    /// ```
+    /// let mut t = tutti::TopK::new(2, 0.5, true)?.with_momentum(0.5)?;
+    /// let mut g = [2.0, 4.0];
+    /// t.dense_step(&mut g)?;
+    /// t.dense_step(&mut g)?; // u = 0.5 * [2, 4] + [2, 4]
+    /// assert_eq!(g, [3.0, 6.0]);
+    /// assert_eq!((t.residual(), t.velocity()), (&[0.0, 0.0][..], Some(&[3.0, 6.0][..])));
+    /// # Ok::<(), tutti::Error>(())
+    /// ```
+    pub fn dense_step(&mut self, grad: &mut [f32]) -> Result<()> {
+        self.check_len(grad.len(), "dense_step")?;
+        if !self.error_feedback {
+            return Ok(());
+        }
+        let m = self.momentum.unwrap_or(0.0);
+        let has_u = self.momentum.is_some();
+        for (i, (g, r)) in grad.iter_mut().zip(&mut self.residual).enumerate() {
+            let mut x = *g;
+            if has_u {
+                let u = &mut self.velocity[i];
+                *u = m * *u + x;
+                x = *u;
+            }
+            *g = *r + x;
+            *r = 0.0;
+        }
+        Ok(())
+    }
+
+    fn check_len(&self, len: usize, what: &str) -> Result<()> {
+        if len != self.residual.len() {
+            return Err(Error::arg(format!(
+                "TopK::{what}: the gradient has {len} elements, this compressor {}",
+                self.residual.len()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -316,30 +427,58 @@ impl Communicator {
     }
 }
 
-/// `acc += grad`, then [`top_k_indices`] of the sum, in one pass over the
-/// vectors where the sampled threshold holds: the sample is taken from the
-/// sum before it is stored, and the candidates are collected while adding.
-fn add_and_select(acc: &mut [f32], grad: &[f32], k: usize) -> Vec<u32> {
+/// `acc += grad` (or, with momentum `(u, m)`, `u = m * u + grad; acc +=
+/// u`), then [`top_k_indices`] of the sum, in one pass over the vectors
+/// where the sampled threshold holds: the sample is taken from the sum
+/// before it is stored, and the candidates are collected while adding.
+fn add_and_select(
+    acc: &mut [f32],
+    grad: &[f32],
+    mut mo: Option<(&mut [f32], f32)>,
+    k: usize,
+) -> Vec<u32> {
     let n = acc.len();
-    if k == 0 || n < 8192 || k * 8 > n {
-        for (r, g) in acc.iter_mut().zip(grad) {
-            *r += g;
+    let sampled = !(k == 0 || n < 8192 || k * 8 > n);
+    let t = sampled.then(|| {
+        let step = n / 4096;
+        let inc = |i: usize| match &mo {
+            None => grad[i],
+            Some((u, m)) => m * u[i] + grad[i],
+        };
+        let mut sample: Vec<f32> = (0..4096)
+            .map(|j| (acc[j * step] + inc(j * step)).abs())
+            .collect();
+        sample_threshold(&mut sample, k, n)
+    });
+    let mut cands: Vec<u32> = Vec::with_capacity(if sampled { 4 * k } else { 0 });
+    let mut keep = |i: usize, r: f32| {
+        if let Some(t) = t {
+            if r.abs().total_cmp(&t).is_ge() {
+                cands.push(i as u32);
+            }
         }
-        return top_k_indices(acc, k);
-    }
-    let step = n / 4096;
-    let mut sample: Vec<f32> = (0..4096)
-        .map(|j| (acc[j * step] + grad[j * step]).abs())
-        .collect();
-    let t = sample_threshold(&mut sample, k, n);
-    let mut cands: Vec<u32> = Vec::with_capacity(4 * k);
-    for (i, (r, g)) in acc.iter_mut().zip(grad).enumerate() {
-        *r += g;
-        if r.abs().total_cmp(&t).is_ge() {
-            cands.push(i as u32);
+    };
+    match &mut mo {
+        None => {
+            for (i, (r, g)) in acc.iter_mut().zip(grad).enumerate() {
+                *r += g;
+                keep(i, *r);
+            }
+        }
+        Some((u, m)) => {
+            let m = *m;
+            for (i, ((r, g), u)) in acc.iter_mut().zip(grad).zip(u.iter_mut()).enumerate() {
+                *u = m * *u + g;
+                *r += *u;
+                keep(i, *r);
+            }
         }
     }
-    select_from(acc, k, cands)
+    if sampled {
+        select_from(acc, k, cands)
+    } else {
+        top_k_indices(acc, k)
+    }
 }
 
 /// The magnitude above which about twice the wanted fraction of a 4096
@@ -397,7 +536,7 @@ pub(crate) fn top_k_indices(acc: &[f32], k: usize) -> Vec<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{add_and_select, top_k_indices};
+    use super::{add_and_select, top_k_indices, TopK};
 
     /// The fused add-and-select equals adding, then selecting.
     #[test]
@@ -413,7 +552,7 @@ mod tests {
         let grad: Vec<f32> = (0..50_000).map(|_| next()).collect();
         for k in [0, 1, 50, 500, 5000, 50_000] {
             let mut a = acc.clone();
-            let got = add_and_select(&mut a, &grad, k);
+            let got = add_and_select(&mut a, &grad, None, k);
             let sum: Vec<f32> = acc.iter().zip(&grad).map(|(r, g)| r + g).collect();
             assert_eq!(a, sum);
             assert_eq!(got, top_k_indices(&sum, k), "k = {k}");
@@ -422,6 +561,55 @@ mod tests {
 
     /// The sampled threshold selects the same set as a full selection
     /// (distinct magnitudes), for long vectors and a range of k.
+    /// With momentum the fused pass equals `u = m * u + g; acc += u`, then
+    /// selecting; and `TopK` masks both vectors where it sent.
+    #[test]
+    fn fused_momentum_matches_and_masks() {
+        let mut x = 0x1234_5678_9abc_def1u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 * if x & 1 == 0 { 1e-3 } else { -1e-3 }
+        };
+        let n = 40_000;
+        let (acc, vel, grad): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+            (0..n).map(|_| next()).collect(),
+            (0..n).map(|_| next()).collect(),
+            (0..n).map(|_| next()).collect(),
+        );
+        for k in [1, 40, 400, 4000, n] {
+            let (mut a, mut u) = (acc.clone(), vel.clone());
+            let got = add_and_select(&mut a, &grad, Some((&mut u, 0.9)), k);
+            let u2: Vec<f32> = vel.iter().zip(&grad).map(|(u, g)| 0.9 * u + g).collect();
+            let a2: Vec<f32> = acc.iter().zip(&u2).map(|(a, u)| a + u).collect();
+            assert_eq!((&u, &a), (&u2, &a2));
+            assert_eq!(got, top_k_indices(&a2, k), "k = {k}");
+        }
+        let mut t = TopK::new(n, 0.01, true)
+            .unwrap()
+            .with_momentum(0.9)
+            .unwrap();
+        for _ in 0..3 {
+            let (idx, val) = t.compress(&grad).unwrap();
+            assert_eq!(idx.len(), 400);
+            for (&i, &v) in idx.iter().zip(&val) {
+                let i = i as usize;
+                assert!(v != 0.0);
+                assert_eq!((t.residual()[i], t.velocity().unwrap()[i]), (0.0, 0.0));
+            }
+        }
+        assert!(TopK::new(4, 0.5, false)
+            .unwrap()
+            .with_momentum(0.5)
+            .is_err());
+        assert!(TopK::new(4, 0.5, true).unwrap().with_momentum(1.0).is_err());
+        assert!(TopK::new(4, 0.5, true)
+            .unwrap()
+            .with_momentum(f64::NAN)
+            .is_err());
+    }
+
     #[test]
     fn sampled_selection_is_exact() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
