@@ -143,9 +143,10 @@ def test_a_wrong_list_on_one_rank_is_named_on_every_rank():
     assert "has 4 tensors; it needs 3" in msg, msg
     assert took < 1.0, took
     # Ranks 0 and 2 both wait for rank 1 and time out a few ms apart; the
-    # first to give up tells its peers it failed, and on a loaded machine
-    # the other may hear that before its own deadline: then it names the
-    # rank that gave up (one of the two, never both).
+    # first to give up tells its peers it failed, and why, and on a loaded
+    # machine the other may hear that before its own deadline: then it names
+    # the rank that gave up and the rank that one waited for (one of the
+    # two, never both).
     timed_out = 0
     for r in (0, 2):
         msg, took = out[r]
@@ -157,6 +158,8 @@ def test_a_wrong_list_on_one_rank_is_named_on_every_rank():
             other = 2 - r
             assert msg and msg.startswith("PeerLostError"), (r, msg)
             assert f"lost peer rank {other}" in msg, (r, msg)
+            # and says why that rank failed, naming the root of it
+            assert f"rank {other} timed out waiting for rank 1" in msg, (r, msg)
             assert took > 2.0, (r, took)  # it heard of the other's timeout
     assert timed_out >= 1, out
 

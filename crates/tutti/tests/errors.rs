@@ -694,6 +694,52 @@ fn deadline_tcp_2() {
     common::procs("deadline_tcp_2", 2, Transport::Tcp, &[], deadline);
 }
 
+/// Rank 1 never joins a small AllReduce; rank 0 gives up after 300 ms and
+/// tells its peers why. Rank 2, with a long deadline, then fails at once
+/// with `PeerLost` naming rank 0 and what rank 0 saw: that it timed out
+/// waiting for rank 1, the rank at the root of it.
+fn timeout_reason(c: &Communicator, ctx: &Ctx) {
+    let after = |ms| Options {
+        timeout: Some(Duration::from_millis(ms)),
+        ..Options::default()
+    };
+    match c.rank() {
+        0 => {
+            let r = c.all_reduce_with(&mut [1f64; 5], ReduceOp::Sum, &after(300));
+            assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+            ctx.mark("timed-out");
+        }
+        2 => {
+            let t0 = std::time::Instant::now();
+            let r = c.all_reduce_with(&mut [1f64; 5], ReduceOp::Sum, &after(60_000));
+            match r {
+                Err(Error::PeerLost {
+                    peer: 0, ref msg, ..
+                }) => {
+                    assert!(msg.contains("rank 0 timed out waiting for rank 1"), "{msg}");
+                }
+                other => panic!("expected PeerLost naming rank 0, got {other:?}"),
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "heard of it, did not wait"
+            );
+        }
+        _ => ctx.wait_mark("timed-out"),
+    }
+}
+
+#[test]
+fn timeout_reason_shm_3() {
+    common::procs(
+        "timeout_reason_shm_3",
+        3,
+        Transport::Shm,
+        &[],
+        timeout_reason,
+    );
+}
+
 /// `Duration::MAX` as a per-call timeout means "no timeout": rank 1 joins
 /// late, so rank 0 stops spinning and computes its deadline; that used to
 /// overflow `Instant` and panic. Small (mailbox) and large (ring) calls.

@@ -318,7 +318,7 @@ impl Core {
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert(e.clone());
         for l in self.links.iter().flatten() {
-            l.announce_failure();
+            l.announce_failure(e);
         }
     }
 
@@ -646,10 +646,11 @@ impl Engine {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert(Error::Aborted);
+        let code = crate::transport::shm::failure::code(&Error::Aborted);
         if let Some((seg, i)) = &self.bell {
-            crate::transport::shm::abort_wake(seg.bell(*i));
+            crate::transport::shm::abort_wake(seg.bell(*i), code);
         } else if let Some(io) = &self.io {
-            crate::transport::shm::abort_wake(io.bell());
+            crate::transport::shm::abort_wake(io.bell(), code);
         }
         self.core.wake_all();
     }

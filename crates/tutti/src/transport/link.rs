@@ -12,7 +12,7 @@
 
 use super::wait;
 use super::{RecvMsg, SendMsg, StepCx, TransportKind};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The calls every link answers. Neither `send` nor `recv` ever blocks.
 pub(crate) trait LinkOps {
@@ -22,8 +22,9 @@ pub(crate) trait LinkOps {
     /// Makes progress on an incoming message; true when it is done.
     fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool>;
 
-    /// Tells the peer that this rank failed (a flag, a closed socket).
-    fn announce_failure(&self);
+    /// Tells the peer that this rank failed with `why` (a flag that says
+    /// why, a closed socket).
+    fn announce_failure(&self, why: &Error);
 
     /// The transport of this link.
     fn kind(&self) -> TransportKind;
@@ -76,9 +77,10 @@ pub(crate) trait LinkOps {
     /// buffers for this link.
     fn quiesce(&mut self) {}
 
-    /// True if the peer is known to have failed.
-    fn peer_failed(&self) -> bool {
-        false
+    /// If the peer is known to have failed: why, as a
+    /// [`failure`](super::shm::failure) code.
+    fn peer_failed(&self) -> Option<u32> {
+        None
     }
 
     /// Why the peer's host looks gone, where the link can tell (sockets
@@ -107,8 +109,8 @@ macro_rules! links {
             fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool> {
                 match self { $( Link::$variant(l) => l.recv(m, cx), )+ }
             }
-            fn announce_failure(&self) {
-                match self { $( Link::$variant(l) => l.announce_failure(), )+ }
+            fn announce_failure(&self, why: &$crate::error::Error) {
+                match self { $( Link::$variant(l) => l.announce_failure(why), )+ }
             }
             fn kind(&self) -> TransportKind {
                 match self { $( Link::$variant(l) => l.kind(), )+ }
@@ -142,7 +144,7 @@ macro_rules! links {
             fn quiesce(&mut self) {
                 match self { $( Link::$variant(l) => l.quiesce(), )+ }
             }
-            fn peer_failed(&self) -> bool {
+            fn peer_failed(&self) -> Option<u32> {
                 match self { $( Link::$variant(l) => l.peer_failed(), )+ }
             }
             fn host_silent(&self) -> Option<String> {

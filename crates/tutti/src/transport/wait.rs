@@ -208,8 +208,8 @@ impl<'a> Watch<'a> {
 /// host stopped acknowledging what we sent it ([`LinkOps::host_silent`]),
 /// or its process (`pid`, for peers on this host) is gone.
 pub(crate) fn peer_lost(q: usize, link: Option<&Link>, pid: Option<i32>) -> Option<String> {
-    if link.is_some_and(|l| l.peer_failed()) {
-        return Some(format!("rank {q} failed or was aborted"));
+    if let Some(code) = link.and_then(|l| l.peer_failed()) {
+        return Some(crate::transport::shm::failure::describe(q, code));
     }
     if let Some(why) = link.and_then(|l| l.host_silent()) {
         return Some(format!("rank {q}: {why}"));

@@ -2,7 +2,7 @@
 //! moving messages as the [module docs](super) describe.
 
 use super::segment::{abort_wake, notify, Segment};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::transport::{
     msg_flags, sys, Header, LinkOps, RecvMsg, SendMsg, StepCx, TransportKind, HEADER_BYTES,
 };
@@ -432,14 +432,16 @@ impl RingLink {
         }
     }
 
-    /// True if the peer's communicator failed or was aborted.
-    pub(crate) fn peer_failed(&self) -> bool {
-        self.seg.bell(self.peer).aborted.load(Ordering::Relaxed) != 0
+    /// If the peer's communicator failed or was aborted: why (a
+    /// [`failure`](super::failure) code).
+    pub(crate) fn peer_failed(&self) -> Option<u32> {
+        let c = self.seg.bell(self.peer).aborted.load(Ordering::Relaxed);
+        (c != 0).then_some(c)
     }
 
-    /// Tells the peers on this segment that this rank failed.
-    pub(crate) fn announce_failure(&self) {
-        abort_wake(self.seg.bell(self.me));
+    /// Tells the peers on this segment that this rank failed, and why.
+    pub(crate) fn announce_failure(&self, why: &Error) {
+        abort_wake(self.seg.bell(self.me), super::failure::code(why));
     }
 
     fn read_direct(&self, m: &mut RecvMsg, cx: &mut StepCx, pid: i32, addr: u64) -> Result<()> {
@@ -484,8 +486,8 @@ impl LinkOps for RingLink {
     fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool> {
         RingLink::recv(self, m, cx)
     }
-    fn announce_failure(&self) {
-        RingLink::announce_failure(self)
+    fn announce_failure(&self, why: &Error) {
+        RingLink::announce_failure(self, why)
     }
     fn kind(&self) -> TransportKind {
         match self.direct {
@@ -509,7 +511,7 @@ impl LinkOps for RingLink {
     fn withdraw(&self, m: &SendMsg, peer_pid: Option<i32>) {
         RingLink::withdraw(self, m, peer_pid)
     }
-    fn peer_failed(&self) -> bool {
+    fn peer_failed(&self) -> Option<u32> {
         RingLink::peer_failed(self)
     }
 }

@@ -537,8 +537,9 @@ impl Mailbox {
                 seq: w.op_seq,
                 msg,
             };
-            if self.bell(p).aborted.load(Ordering::Relaxed) != 0 {
-                return Err(lost(format!("rank {p} failed or was aborted")));
+            let code = self.bell(p).aborted.load(Ordering::Relaxed);
+            if code != 0 {
+                return Err(lost(super::failure::describe(p, code)));
             }
             if let (true, Some(Some(pid))) = (pids, w.peer_pids.get(p)) {
                 if !sys::process_alive(*pid) {

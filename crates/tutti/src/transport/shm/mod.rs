@@ -60,6 +60,7 @@
 //!   and the links of a host's ranks.
 
 pub(crate) mod connect;
+pub(crate) mod failure;
 mod link;
 pub(crate) mod mailbox;
 mod segment;

@@ -16,7 +16,8 @@ pub(crate) struct Doorbell {
     seq: AtomicU32,
     /// Number of threads of this rank that are, or are about to be, asleep.
     sleepers: AtomicU32,
-    /// Set when the owning rank's communicator is aborted.
+    /// Set when the owning rank's communicator fails or is aborted: why,
+    /// as a [`failure`](super::failure) code (0 while it is healthy).
     pub(crate) aborted: AtomicU32,
 }
 
@@ -293,9 +294,12 @@ pub(crate) fn sleep_on(bell: &Doorbell, timeout: Duration, still_idle: impl FnOn
     bell.sleepers.fetch_sub(1, Ordering::SeqCst);
 }
 
-/// Marks a rank aborted and wakes its sleepers.
-pub(crate) fn abort_wake(bell: &Doorbell) {
-    bell.aborted.store(1, Ordering::SeqCst);
+/// Marks a rank failed (`code`: why, a [`failure`](super::failure) code;
+/// the first reason stays) and wakes its sleepers.
+pub(crate) fn abort_wake(bell: &Doorbell, code: u32) {
+    let _ = bell
+        .aborted
+        .compare_exchange(0, code.max(1), Ordering::SeqCst, Ordering::SeqCst);
     bell.seq.fetch_add(1, Ordering::SeqCst);
     sys::futex_wake_all(&bell.seq);
 }

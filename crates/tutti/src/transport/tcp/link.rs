@@ -211,7 +211,7 @@ impl LinkOps for TcpLink {
     fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool> {
         TcpLink::recv(self, m, cx)
     }
-    fn announce_failure(&self) {
+    fn announce_failure(&self, _why: &crate::error::Error) {
         self.shutdown()
     }
     fn kind(&self) -> TransportKind {

@@ -334,7 +334,7 @@ impl LinkOps for IoLink {
     fn recv(&mut self, m: &mut RecvMsg, cx: &mut StepCx) -> Result<bool> {
         IoLink::recv(self, m, cx)
     }
-    fn announce_failure(&self) {
+    fn announce_failure(&self, _why: &crate::error::Error) {
         self.shutdown()
     }
     fn kind(&self) -> TransportKind {
