@@ -431,7 +431,7 @@ impl Communicator {
 /// u`), then [`top_k_indices`] of the sum, in one pass over the vectors
 /// where the sampled threshold holds: the sample is taken from the sum
 /// before it is stored, and the candidates are collected while adding.
-fn add_and_select(
+pub(crate) fn add_and_select(
     acc: &mut [f32],
     grad: &[f32],
     mut mo: Option<(&mut [f32], f32)>,

@@ -24,7 +24,7 @@
 //! before they are added to the residual, and the velocity is zeroed where
 //! the residual was sent.
 
-use super::super::sparse::top_k_indices;
+use super::super::sparse::add_and_select;
 use super::super::{Communicator, Options, SparseRoute, TopK, Work};
 use super::momentum::{self, Momentum};
 use crate::error::{Error, Result};
@@ -269,9 +269,12 @@ impl Bucket {
         let (idx, val, masked) = if invalid {
             (Vec::new(), Vec::new(), Vec::new())
         } else {
-            momentum::fold(t.momentum.as_mut(), &mut d[..n], &mut t.residual);
-            let idx = top_k_indices(&d[..n], t.select.k());
-            let val: Vec<f32> = idx.iter().map(|&i| d[i as usize]).collect();
+            // One pass: the gradients folded into the residual (through
+            // the velocity, with momentum) and the candidates collected;
+            // `d` is not written, as what is sent comes from the residual.
+            let mo = t.momentum.as_mut().map(Momentum::parts);
+            let idx = add_and_select(&mut t.residual, &d[..n], mo, t.select.k());
+            let val: Vec<f32> = idx.iter().map(|&i| t.residual[i as usize]).collect();
             for &i in &idx {
                 t.residual[i as usize] = 0.0;
             }

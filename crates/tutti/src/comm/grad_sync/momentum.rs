@@ -60,6 +60,12 @@ impl Momentum {
             .collect()
     }
 
+    /// The velocity and the factor, for a pass that folds gradients in
+    /// itself (`sparse::add_and_select`).
+    pub fn parts(&mut self) -> (&mut [f32], f32) {
+        (&mut self.velocity, self.factor)
+    }
+
     /// Puts back what [`mask`](Momentum::mask) took (a failed step).
     pub fn unmask(&mut self, idx: &[u32], kept: &[f32]) {
         for (&i, &u) in idx.iter().zip(kept) {
