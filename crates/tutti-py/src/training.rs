@@ -195,6 +195,28 @@ pub(crate) fn _sparse_route(comm: &PyComm, k_max: usize, len: usize) -> PyResult
     Ok(route_name(comm.get()?.sparse_route(k_max, len)))
 }
 
+/// Sums gathered Top-K blocks (`tutti::sum_pair_blocks`: per rank `k`
+/// indices, then `k` values as float32 bits, in rank order) into `out`
+/// (float32, writable; zeroed first), dividing the touched entries by the
+/// number of blocks when `avg`. Runs without the GIL.
+#[pyfunction]
+pub(crate) fn _sum_pair_blocks(
+    py: Python<'_>,
+    all: PyReadonlyArray1<'_, u32>,
+    k: usize,
+    mut out: PyReadwriteArray1<'_, f32>,
+    avg: bool,
+) -> PyResult<()> {
+    let all = all
+        .as_slice()
+        .map_err(|_| PyTypeError::new_err("_sum_pair_blocks: the blocks must be contiguous"))?;
+    let out = out
+        .as_slice_mut()
+        .map_err(|_| PyTypeError::new_err("_sum_pair_blocks: out must be contiguous"))?;
+    py.detach(|| tutti::sum_pair_blocks(all, k, out, avg))
+        .py(py)
+}
+
 /// Top-K's kept entries: (indices, values).
 type Pairs<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<f32>>);
 
@@ -380,6 +402,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_all_reduce_many, m)?)?;
     m.add_function(wrap_pyfunction!(_sparse_all_reduce, m)?)?;
     m.add_function(wrap_pyfunction!(_sparse_route, m)?)?;
+    m.add_function(wrap_pyfunction!(_sum_pair_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(_top_k_all_reduce, m)?)?;
     Ok(())
 }

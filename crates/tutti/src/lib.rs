@@ -47,8 +47,8 @@ pub mod tune;
 pub use algo::{Algorithm, CollKind, Collective};
 pub use bootstrap::{EnvInfo, UniqueId};
 pub use comm::{
-    BucketOptions, Communicator, FusionOptions, GradSync, ManyWork, Options, P2pHandle, P2pOp,
-    RawCall, RawP2p, Received, SparseRoute, TopK, Work, DEFAULT_BUCKET_BYTES,
+    sum_pair_blocks, BucketOptions, Communicator, FusionOptions, GradSync, ManyWork, Options,
+    P2pHandle, P2pOp, RawCall, RawP2p, Received, SparseRoute, TopK, Work, DEFAULT_BUCKET_BYTES,
 };
 pub use config::Config;
 pub use engine::explain;

@@ -14,7 +14,7 @@ pub use crate::engine::{Options, RawCall};
 pub use fusion::{FusionOptions, ManyWork, DEFAULT_BUCKET_BYTES};
 pub use grad_sync::{BucketOptions, GradSync};
 pub use p2p::{P2pHandle, P2pOp, RawP2p, Received};
-pub use sparse::{SparseRoute, TopK};
+pub use sparse::{sum_pair_blocks, SparseRoute, TopK};
 pub use work::Work;
 
 use crate::bootstrap::{self, store::StoreClient, store::StoreServer, UniqueId};

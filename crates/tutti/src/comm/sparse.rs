@@ -172,19 +172,71 @@ impl Communicator {
         }
         let mut all = vec![0u32; n * 2 * k_max];
         self.all_gather(&mine, &mut all)?;
-        out.fill(0.0);
-        // Every rank adds in rank order, so all get the same bits.
-        for block in all.chunks_exact(2 * k_max) {
-            let (idx, val) = block.split_at(k_max);
-            for (&i, &v) in idx.iter().zip(val) {
-                if i == PAD {
-                    break;
+        sum_pair_blocks(&all, k_max, out, false)
+    }
+}
+
+/// Sums gathered (index, value) blocks into `out`, the layout of
+/// [`Communicator::sparse_all_reduce`]'s gather route: `all` holds one
+/// block per rank, in rank order, each `k` indices (`u32::MAX` pads the
+/// end) and then `k` values (their f32 bits). `out` is zeroed first, and
+/// the blocks are added in order, so every rank that sums the same blocks
+/// gets the same bits. With `avg` the entries that any block touched are
+/// divided by the number of blocks (the others stay 0, as dividing the
+/// whole vector would leave them, without a pass over it). An index
+/// outside `out` is an error.
+///
+/// ```
+/// let (a, b) = (3.0f32.to_bits(), 1.0f32.to_bits());
+/// let all = [0, 2, a, b, /* rank 1 */ 2, u32::MAX, a, 0];
+/// let mut out = [9.0f32; 4];
+/// tutti::sum_pair_blocks(&all, 2, &mut out, true)?;
+/// assert_eq!(out, [1.5, 0.0, 2.0, 0.0]);
+/// # Ok::<(), tutti::Error>(())
+/// ```
+pub fn sum_pair_blocks(all: &[u32], k: usize, out: &mut [f32], avg: bool) -> Result<()> {
+    if k == 0 || !all.len().is_multiple_of(2 * k) {
+        return Err(Error::arg(format!(
+            "sum_pair_blocks: {} words are not whole blocks of {k} pairs",
+            all.len()
+        )));
+    }
+    let blocks = || {
+        all.chunks_exact(2 * k).map(|b| {
+            let (idx, val) = b.split_at(k);
+            let real = idx.iter().position(|&i| i == PAD).unwrap_or(k);
+            (&idx[..real], &val[..real])
+        })
+    };
+    if let Some(&i) = blocks()
+        .flat_map(|(idx, _)| idx)
+        .find(|&&i| i as usize >= out.len())
+    {
+        return Err(Error::arg(format!(
+            "sum_pair_blocks: index {i} is outside the vector of {} elements",
+            out.len()
+        )));
+    }
+    out.fill(0.0);
+    for (idx, val) in blocks() {
+        for (&i, &v) in idx.iter().zip(val) {
+            out[i as usize] += f32::from_bits(v);
+        }
+    }
+    if avg {
+        let n = (all.len() / (2 * k)) as f32;
+        let mut done = vec![0u64; out.len().div_ceil(64)];
+        for (idx, _) in blocks() {
+            for &i in idx {
+                let (w, b) = (i as usize / 64, 1u64 << (i % 64));
+                if done[w] & b == 0 {
+                    done[w] |= b;
+                    out[i as usize] /= n;
                 }
-                out[i as usize] += f32::from_bits(v);
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 fn check_local(indices: &[u32], values: &[f32], len: usize, op: ReduceOp) -> Result<()> {
@@ -450,27 +502,37 @@ pub(crate) fn add_and_select(
             .collect();
         sample_threshold(&mut sample, k, n)
     });
-    let mut cands: Vec<u32> = Vec::with_capacity(if sampled { 4 * k } else { 0 });
-    let mut keep = |i: usize, r: f32| {
+    let mut cands = Cands::with_capacity(if sampled { 4 * k } else { 0 });
+    // In blocks that stay in L1: a pass that adds (vectorised), then a
+    // pass that collects the candidates (a branch rarely taken).
+    const BLOCK: usize = 2048;
+    for (b, r) in acc.chunks_mut(BLOCK).enumerate() {
+        let (at, len) = (b * BLOCK, r.len());
+        let g = &grad[at..at + len];
+        match &mut mo {
+            None => {
+                for (r, g) in r.iter_mut().zip(g) {
+                    *r += g;
+                }
+            }
+            Some((u, m)) => {
+                let m = *m;
+                for ((r, g), u) in r.iter_mut().zip(g).zip(&mut u[at..at + len]) {
+                    *u = m * *u + g;
+                    *r += *u;
+                }
+            }
+        }
         if let Some(t) = t {
-            if r.abs().total_cmp(&t).is_ge() {
-                cands.push(i as u32);
-            }
-        }
-    };
-    match &mut mo {
-        None => {
-            for (i, (r, g)) in acc.iter_mut().zip(grad).enumerate() {
-                *r += g;
-                keep(i, *r);
-            }
-        }
-        Some((u, m)) => {
-            let m = *m;
-            for (i, ((r, g), u)) in acc.iter_mut().zip(grad).zip(u.iter_mut()).enumerate() {
-                *u = m * *u + g;
-                *r += *u;
-                keep(i, *r);
+            // Magnitudes as bits: for non-negative floats (and NaN's
+            // absolute value, above infinity) the integer order is
+            // total_cmp's.
+            let tb = t.to_bits();
+            for (j, r) in r.iter().enumerate() {
+                let m = mag(*r);
+                if m >= tb {
+                    cands.push((at + j) as u32, m);
+                }
             }
         }
     }
@@ -489,25 +551,79 @@ fn sample_threshold(sample: &mut [f32], k: usize, n: usize) -> f32 {
     *t
 }
 
+/// `|x|` as bits: for non-negative floats (NaN's magnitude above
+/// infinity's) the integer order is `total_cmp`'s.
+#[inline(always)]
+fn mag(x: f32) -> u32 {
+    x.to_bits() & 0x7fff_ffff
+}
+
+/// Candidates for the selection: indices, ascending, and their magnitudes
+/// ([`mag`]), taken where the values pass by anyway.
+struct Cands {
+    idx: Vec<u32>,
+    mag: Vec<u32>,
+}
+
+impl Cands {
+    fn with_capacity(c: usize) -> Cands {
+        Cands {
+            idx: Vec::with_capacity(c),
+            mag: Vec::with_capacity(c),
+        }
+    }
+
+    #[inline(always)]
+    fn push(&mut self, i: u32, m: u32) {
+        self.idx.push(i);
+        self.mag.push(m);
+    }
+
+    fn all(acc: &[f32]) -> Cands {
+        Cands {
+            idx: (0..acc.len() as u32).collect(),
+            mag: acc.iter().map(|&x| mag(x)).collect(),
+        }
+    }
+}
+
 /// The `k` of largest magnitude among `cands` (ascending), or among all of
 /// `acc` where the candidates cannot be right (fewer than `k`, or so many
 /// that the sample misjudged).
-fn select_from(acc: &[f32], k: usize, cands: Vec<u32>) -> Vec<u32> {
-    let full = |cands: Vec<u32>| -> Vec<u32> {
-        let mut order = cands;
-        if k < order.len() {
-            order.select_nth_unstable_by(k, |&a, &b| {
-                acc[b as usize].abs().total_cmp(&acc[a as usize].abs())
-            });
-            order.truncate(k);
-        }
-        order.sort_unstable();
-        order
-    };
-    if cands.len() < k || cands.len() > 16 * k {
-        return full((0..acc.len() as u32).collect());
+fn select_from(acc: &[f32], k: usize, cands: Cands) -> Vec<u32> {
+    let n = cands.idx.len();
+    if n < k || n > 16 * k {
+        return pick(k, Cands::all(acc));
     }
-    full(cands)
+    pick(k, cands)
+}
+
+/// The `k` of largest magnitude among `cands`, kept in index order: the
+/// `k`-th largest magnitude is selected from a copy of the magnitudes (a
+/// small sequential array), then one pass keeps those above it and, of
+/// those equal to it, the first few, so no sort is needed.
+fn pick(k: usize, cands: Cands) -> Vec<u32> {
+    let Cands { idx, mag } = cands;
+    if k >= idx.len() {
+        return idx;
+    }
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut keys = mag.clone();
+    let at = keys.len() - k;
+    let (_, &mut kth, larger) = keys.select_nth_unstable(at);
+    let mut ties = k - larger.iter().filter(|&&m| m > kth).count();
+    let mut out = Vec::with_capacity(k);
+    for (i, m) in idx.into_iter().zip(mag) {
+        if m > kth || (m == kth && ties > 0) {
+            if m == kth {
+                ties -= 1;
+            }
+            out.push(i);
+        }
+    }
+    out
 }
 
 /// The indices of the `k` entries of `acc` of largest magnitude, ascending
@@ -522,15 +638,19 @@ pub(crate) fn top_k_indices(acc: &[f32], k: usize) -> Vec<u32> {
         return Vec::new();
     }
     if n < 8192 || k * 8 > n {
-        return select_from(acc, k, (0..n as u32).collect());
+        return pick(k, Cands::all(acc));
     }
     // A sample of 4096; the threshold sits at twice the wanted fraction.
     let step = n / 4096;
     let mut sample: Vec<f32> = (0..4096).map(|j| acc[j * step].abs()).collect();
-    let t = sample_threshold(&mut sample, k, n);
-    let cands: Vec<u32> = (0..n as u32)
-        .filter(|&i| acc[i as usize].abs().total_cmp(&t).is_ge()) // NaN as in `full`
-        .collect();
+    let tb = mag(sample_threshold(&mut sample, k, n));
+    let mut cands = Cands::with_capacity(4 * k);
+    for (i, &x) in acc.iter().enumerate() {
+        let m = mag(x);
+        if m >= tb {
+            cands.push(i as u32, m);
+        }
+    }
     select_from(acc, k, cands)
 }
 
@@ -561,6 +681,19 @@ mod tests {
 
     /// The sampled threshold selects the same set as a full selection
     /// (distinct magnitudes), for long vectors and a range of k.
+    /// Bad blocks are errors; the average divides each touched entry once.
+    #[test]
+    fn pair_blocks_checked_and_averaged() {
+        let one = 1.0f32.to_bits();
+        let mut out = [0f32; 3];
+        assert!(super::sum_pair_blocks(&[0, one, 1], 1, &mut out, false).is_err());
+        assert!(super::sum_pair_blocks(&[3, one], 1, &mut out, false).is_err());
+        assert!(super::sum_pair_blocks(&[], 0, &mut out, false).is_err());
+        let all = [2, 0, one, one, 2, u32::MAX, one, 0, 2, 1, one, one];
+        super::sum_pair_blocks(&all, 2, &mut out, true).unwrap();
+        assert_eq!(out, [1.0 / 3.0, 1.0 / 3.0, 1.0]);
+    }
+
     /// With momentum the fused pass equals `u = m * u + g; acc += u`, then
     /// selecting; and `TopK` masks both vectors where it sent.
     #[test]
