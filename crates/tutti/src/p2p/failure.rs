@@ -21,11 +21,6 @@ impl State {
         if p.broken.is_some() {
             return;
         }
-        tracing::warn!(
-            rank = self.rank,
-            peer = q,
-            "point-to-point link broken: {e}"
-        );
         p.broken = Some(e.clone());
         let mut fail: Vec<u64> = Vec::new();
         if let Some((out, m)) = p.cur.take() {
@@ -68,6 +63,24 @@ impl State {
         });
         fail.sort_unstable();
         fail.dedup();
+        // A link that breaks with nothing on it is most often a peer that
+        // exited when its job was done: later ops on it fail with `e`, and
+        // the log says so only at debug level, not as a warning at every
+        // healthy job's end.
+        if fail.is_empty() {
+            tracing::debug!(
+                rank = self.rank,
+                peer = q,
+                "point-to-point link closed while idle: {e}"
+            );
+        } else {
+            tracing::warn!(
+                rank = self.rank,
+                peer = q,
+                failed_ops = fail.len(),
+                "point-to-point link broken: {e}"
+            );
+        }
         for op in fail {
             self.finish(op, Err(e.clone()));
         }
