@@ -658,16 +658,20 @@ pub(crate) fn top_k_indices(acc: &[f32], k: usize) -> Vec<u32> {
 mod tests {
     use super::{add_and_select, top_k_indices, TopK};
 
-    /// The fused add-and-select equals adding, then selecting.
-    #[test]
-    fn fused_add_and_select_matches() {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
+    /// Pseudo-random values of both signs up to about 1.7e4 (xorshift).
+    fn small_values(mut x: u64) -> impl FnMut() -> f32 {
+        move || {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             (x >> 40) as f32 * if x & 1 == 0 { 1e-3 } else { -1e-3 }
-        };
+        }
+    }
+
+    /// The fused add-and-select equals adding, then selecting.
+    #[test]
+    fn fused_add_and_select_matches() {
+        let mut next = small_values(0x2545_f491_4f6c_dd1d);
         let acc: Vec<f32> = (0..50_000).map(|_| next()).collect();
         let grad: Vec<f32> = (0..50_000).map(|_| next()).collect();
         for k in [0, 1, 50, 500, 5000, 50_000] {
@@ -679,8 +683,6 @@ mod tests {
         }
     }
 
-    /// The sampled threshold selects the same set as a full selection
-    /// (distinct magnitudes), for long vectors and a range of k.
     /// Bad blocks are errors; the average divides each touched entry once.
     #[test]
     fn pair_blocks_checked_and_averaged() {
@@ -698,13 +700,7 @@ mod tests {
     /// selecting; and `TopK` masks both vectors where it sent.
     #[test]
     fn fused_momentum_matches_and_masks() {
-        let mut x = 0x1234_5678_9abc_def1u64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 * if x & 1 == 0 { 1e-3 } else { -1e-3 }
-        };
+        let mut next = small_values(0x1234_5678_9abc_def1);
         let n = 40_000;
         let (acc, vel, grad): (Vec<f32>, Vec<f32>, Vec<f32>) = (
             (0..n).map(|_| next()).collect(),
@@ -743,6 +739,8 @@ mod tests {
             .is_err());
     }
 
+    /// The sampled threshold selects the same set as a full selection
+    /// (distinct magnitudes), for long vectors and a range of k.
     #[test]
     fn sampled_selection_is_exact() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
