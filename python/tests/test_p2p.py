@@ -119,7 +119,7 @@ def w_big_exchange(ctx, recv_first):
 
 def w_too_small(ctx):
     """A receive smaller than its message raises SizeMismatchError, nothing is written,
-    and the next messages and collectives work. A rendezvous send (over 16 KiB) raises
+    and the next messages and collectives work. A rendezvous send (over 128 KiB) raises
     too; an eager one has completed once it left (as in MPI), and its receiver alone
     raises."""
     import tutti
@@ -127,11 +127,11 @@ def w_too_small(ctx):
     c, n, r = ctx.comm, ctx.n, ctx.rank
     if n > 1 and r == 0:
         try:
-            c.send(np.ones(2500), 1, tag=3)
+            c.send(np.ones(20000), 1, tag=3)
         except tutti.SizeMismatchError as e:
             assert isinstance(e, ValueError) and isinstance(e, tutti.TuttiError)
-            assert (e.rank, e.peer, e.tag, e.message, e.buffer) == (0, 1, 3, 20000, 17000), str(e)
-            assert "20000" in str(e) and "17000" in str(e)
+            assert (e.rank, e.peer, e.tag, e.message, e.buffer) == (0, 1, 3, 160000, 136000), str(e)
+            assert "160000" in str(e) and "136000" in str(e)
         else:
             raise AssertionError("the sender did not raise")
         c.send(np.ones(100), 1, tag=3)  # eager: completes once it has left
@@ -140,12 +140,12 @@ def w_too_small(ctx):
         assert w.is_success()
         c.send(np.arange(50.0), 1, tag=3)
     elif n > 1 and r == 1:
-        big = np.full(2125, 7.0)
+        big = np.full(17000, 7.0)
         try:
             c.recv(big, 0, tag=3)
         except tutti.SizeMismatchError as e:
             assert isinstance(e, ValueError) and isinstance(e, tutti.TuttiError)
-            assert (e.rank, e.peer, e.tag, e.message, e.buffer) == (1, 0, 3, 20000, 17000), str(e)
+            assert (e.rank, e.peer, e.tag, e.message, e.buffer) == (1, 0, 3, 160000, 136000), str(e)
         else:
             raise AssertionError("the receiver did not raise")
         assert (big == 7.0).all(), "the receive buffer was written"
@@ -264,7 +264,7 @@ def t_big_batch(ctx, recv_first):
 
 
 def t_too_small(ctx):
-    """A receive smaller than its message: a rendezvous message (over 16 KiB) raises on
+    """A receive smaller than its message: a rendezvous message (over 128 KiB) raises on
     both sides, an eager one at the receiver alone (its send completed once it left)."""
     import torch
 
@@ -274,19 +274,19 @@ def t_too_small(ctx):
     n, r = ctx.n, ctx.rank
     if n > 1 and r == 0:
         try:
-            dist.send(torch.ones(5000), dst=1, tag=5)
+            dist.send(torch.ones(40000), dst=1, tag=5)
         except tutti.SizeMismatchError as e:
-            assert (e.message, e.buffer, e.peer, e.tag) == (20000, 17000, 1, 5), str(e)
+            assert (e.message, e.buffer, e.peer, e.tag) == (160000, 136000, 1, 5), str(e)
         else:
             raise AssertionError("the sender did not raise")
         dist.send(torch.ones(10), dst=1, tag=5)  # eager: completes once it has left
         dist.send(torch.arange(6.0), dst=1, tag=5)
     elif n > 1 and r == 1:
-        big = torch.full((4250,), 7.0)
+        big = torch.full((34000,), 7.0)
         try:
             dist.recv(big, src=0, tag=5)
         except tutti.SizeMismatchError as e:
-            assert (e.message, e.buffer, e.peer, e.tag) == (20000, 17000, 0, 5), str(e)
+            assert (e.message, e.buffer, e.peer, e.tag) == (160000, 136000, 0, 5), str(e)
         else:
             raise AssertionError("the receiver did not raise")
         assert torch.all(big == 7.0)

@@ -533,10 +533,10 @@ class Communicator(_training.TrainingOps):
         Sends and receives match per (peer, tag) in the order they were issued, like MPI;
         messages of different tags or from different ranks do not wait for each other, nor
         for the collectives. Blocking: returns None once the message is delivered, or, for
-        a message of at most 16 KiB (eager), once it has left (a blocking send to this
+        a message of at most 128 KiB (eager), once it has left (a blocking send to this
         rank itself is an error: nothing could receive it). A receive of another size
         raises :class:`tutti.SizeMismatchError` at the receiver, and at the sender too for
-        a message over 16 KiB; the communicator stays usable."""
+        a message over 128 KiB; the communicator stays usable."""
         op = self._p2p_op(True, array, dst, tag, "send")
         if async_op:
             return Work(self._c._p2p([op], timeout, True, array)[0], None)
@@ -551,7 +551,7 @@ class Communicator(_training.TrainingOps):
         """Receives into ``array`` the next message with ``tag`` from rank ``src``, or
         from whichever rank's message comes first if ``src`` is None. The message must
         fill ``array`` exactly (same size in bytes); otherwise the receive raises
-        :class:`tutti.SizeMismatchError` (and the send too, for a message over 16 KiB),
+        :class:`tutti.SizeMismatchError` (and the send too, for a message over 128 KiB),
         nothing is written, and the communicator stays usable.
 
         Returns the rank that sent the message (as ``torch.distributed.recv`` does), or a

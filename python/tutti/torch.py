@@ -52,7 +52,7 @@ every op of a ``batch_isend_irecv`` is posted before any is waited for, so no or
 sends and receives (a ring shift of large tensors, a pipeline's forward sends and
 backward receives in flight together) can deadlock. A receive whose tensor is not the
 size of the message raises :class:`tutti.SizeMismatchError` at the receiver (and at the
-sender too for a message over 16 KiB; a smaller send has completed once it left); the
+sender too for a message over 128 KiB; a smaller send has completed once it left); the
 group stays usable.
 
 Batches and the rest. Coalesced calls (``all_reduce_coalesced``, ``all_gather_coalesced``,

@@ -54,6 +54,6 @@ pub use config::Config;
 pub use engine::explain;
 pub use engine::recorder::{self as trace};
 pub use error::{Error, Result};
-pub use p2p::RecvStatus;
+pub use p2p::{RecvStatus, EAGER_BYTES};
 pub use reduce::{DataType, Element, ReduceOp};
 pub use transport::TransportKind;

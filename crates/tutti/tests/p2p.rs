@@ -10,7 +10,7 @@
 mod common;
 
 use common::{Ctx, Transport};
-use tutti::{Communicator, Error, P2pOp, ReduceOp};
+use tutti::{Communicator, Error, P2pOp, ReduceOp, EAGER_BYTES};
 
 /// 64 MiB: far more than a ring or a socket buffer holds.
 const BIG: usize = 64 << 20;
@@ -200,12 +200,12 @@ rank_test!(
 
 /// A receive too small for its message fails with `SizeMismatch` naming
 /// both sizes, the peer and the tag; nothing is written; the next messages
-/// and collectives work. A rendezvous send (over 16 KiB) fails too; an
+/// and collectives work. A rendezvous send (over `EAGER_BYTES`) fails too; an
 /// eager one has completed once it left (as in MPI), and its receiver
 /// alone reports the mismatch.
 fn too_small(c: &Communicator, _: &Ctx) {
-    const BIG_MSG: usize = 20_000;
-    const BIG_BUF: usize = 17_000;
+    const BIG_MSG: usize = EAGER_BYTES + 20_000;
+    const BIG_BUF: usize = EAGER_BYTES + 17_000;
     let r = c.rank();
     if r == 0 {
         // Rendezvous: both sides fail.
@@ -225,7 +225,7 @@ fn too_small(c: &Communicator, _: &Ctx) {
             .expect("an eager send completes once it has left");
         // An exact receive of another length fails too.
         c.send(&[1u8; 10], 1).expect("an eager send");
-        let e = c.send(&[1u8; BIG_MSG], 1).unwrap_err();
+        let e = c.send(&vec![1u8; BIG_MSG], 1).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -370,14 +370,24 @@ rank_test!(
     peer_dies
 );
 
-// The eager path (messages of at most 16 KiB travel before their receive
+// The eager path (messages of at most 128 KiB travel before their receive
 // is posted, within 256 KiB of credit per ordered pair) must keep every
 // promise above: order per (peer, tag) across eager and rendezvous
 // messages, no hang when credit runs out or both sides send first, and
 // errors that name a dead peer.
 
-/// Sizes on both sides of the eager limit (16 KiB), and far past it.
-const SIZES: [usize; 9] = [1, 8, 1000, 16383, 16384, 16385, 65536, 300_000, 0];
+/// Sizes on both sides of the eager limit, and far past it.
+const SIZES: [usize; 9] = [
+    1,
+    8,
+    1000,
+    16384,
+    EAGER_BYTES - 1,
+    EAGER_BYTES,
+    EAGER_BYTES + 1,
+    300_000,
+    0,
+];
 
 /// Eager and rendezvous messages interleaved on two tags: rank 1 sends
 /// every size on tag 1 and tag 2 alternately, before rank 0 posts any
@@ -537,7 +547,16 @@ fn random_plan(c: &Communicator, _: &Ctx) {
         seed = common::data::mix64(seed.wrapping_add(0x9e37_79b9_7f4a_7c15));
         seed
     };
-    const LENS: [usize; 8] = [0, 3, 64, 4096, 16384, 16385, 40_000, 200_000];
+    const LENS: [usize; 8] = [
+        0,
+        3,
+        64,
+        4096,
+        40_000,
+        EAGER_BYTES,
+        EAGER_BYTES + 1,
+        200_000,
+    ];
     // (src, dst, tag, len, salt): salt numbers the message in the plan.
     let plan: Vec<(usize, usize, u32, usize, usize)> = (0..40 * n)
         .filter_map(|k| {
@@ -624,7 +643,7 @@ fn peer_dies_eager(c: &Communicator, ctx: &Ctx) {
         .expect("the message sent before dying");
     check_from(&first, 1);
     let eager = c.send_async(message(0, 4096), 1);
-    let ws = c.send_async(message(0, 100_000), 1);
+    let ws = c.send_async(message(0, EAGER_BYTES + 100_000), 1);
     let wr = c.recv_tagged_async(vec![0u8; 100], 1, 2);
     ctx.mark("posted");
     let t = std::time::Instant::now();
@@ -665,7 +684,7 @@ rank_test!(
 /// fail the peer), the closing rank waiting until the peer has taken them.
 fn send_then_close(ctx: &Ctx) {
     let comm = Communicator::from_env().expect("joining");
-    let sizes = [1usize, 8, 1000, 16384];
+    let sizes = [1usize, 8, 1000, 16384, EAGER_BYTES];
     if comm.rank() == 0 {
         for (k, &len) in sizes.iter().enumerate() {
             comm.send_tagged(&message(k, len), 1, k as u32)
@@ -747,7 +766,7 @@ fn unreceived_then_close_tcp() {
 /// `SizeMismatch` (its refusal reaches a sender that gave up, which is no
 /// error), and the pair's link stays usable.
 fn refused_after_timeout(c: &Communicator, ctx: &Ctx) {
-    const LEN: usize = 20_000;
+    const LEN: usize = EAGER_BYTES + 20_000;
     if c.rank() == 0 {
         let data = message(0, LEN);
         let op = tutti::RawP2p {
@@ -768,7 +787,7 @@ fn refused_after_timeout(c: &Communicator, ctx: &Ctx) {
         c.send(&message(0, 8), 1).expect("a send after");
     } else {
         ctx.wait_mark("timed out");
-        let mut b = vec![0u8; 17_000];
+        let mut b = vec![0u8; EAGER_BYTES + 17_000];
         let e = c.recv_tagged(&mut b, 0, 5).unwrap_err();
         assert!(matches!(e, Error::SizeMismatch { message: LEN, .. }), "{e}");
         let mut b = vec![0u8; 8];

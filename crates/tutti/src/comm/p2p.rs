@@ -291,8 +291,9 @@ impl Communicator {
 
     /// Sends `buf` to `peer` (tag 0), which receives it with
     /// [`recv`](Communicator::recv) (or any receive of tag 0). Returns once
-    /// the message is delivered, or, for a message of at most 16 KiB
-    /// (eager), once it has left and `buf` may be reused, as MPI's `send`.
+    /// the message is delivered, or, for a message of at most
+    /// [`EAGER_BYTES`](crate::EAGER_BYTES) (128 KiB, eager), once it has
+    /// left and `buf` may be reused, as MPI's `send`.
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
         self.send_tagged(buf, peer, 0)
     }
@@ -319,7 +320,8 @@ impl Communicator {
     /// Receives a message of at most `buf.len()` elements with `tag` from
     /// `src`, or from any rank (`None`): returns who sent it and its length.
     /// A message longer than `buf` fails with [`Error::SizeMismatch`] (the
-    /// send too when the message is over 16 KiB; a smaller one has completed
+    /// send too when the message is over
+    /// [`EAGER_BYTES`](crate::EAGER_BYTES); a smaller one has completed
     /// once it left), and nothing is written.
     pub fn recv_from<T: Element>(
         &self,

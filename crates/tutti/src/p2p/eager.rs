@@ -57,8 +57,17 @@ use super::wire::{Ctrl, Kind};
 use crate::error::Result;
 use crate::transport::{LinkOps, RecvMsg};
 
-/// The largest message that may travel eager (bytes).
-pub(crate) const EAGER_BYTES: usize = 16 << 10;
+/// The largest message that may travel eager (bytes): smaller ones leave at
+/// once (within the pair's credit), larger ones by rendezvous.
+///
+/// 128 KiB: up to there, copying through the ring (or the socket) costs
+/// less than rendezvous's round trip before the payload moves. 2 ranks on
+/// shared memory, `tutti perf send_recv`, 16 KiB against 128 KiB as the
+/// limit: 32 KiB exchanges took 2.6-3.1 us instead of 6.6-6.8, 64 KiB
+/// 4.7-5.9 instead of 9.2-9.7, 128 KiB 9.7 instead of 15-18; over TCP on
+/// loopback 32 KiB 22 us instead of 32 (`docs/performance.md`, "Send/Recv:
+/// eager up to 128 KiB").
+pub const EAGER_BYTES: usize = 128 << 10;
 
 /// The largest eager message whose `Eager` frame and payload travel as one
 /// transport message, on links that take messages shorter than their

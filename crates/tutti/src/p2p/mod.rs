@@ -33,6 +33,7 @@ mod peer;
 mod progress;
 mod wire;
 
+pub use eager::EAGER_BYTES;
 pub(crate) use progress::StatusCell;
 
 use crate::engine::{Completion, Driver};
