@@ -7,7 +7,7 @@ use super::eager::{Credit, EAGER_BYTES, INLINE_BYTES};
 use super::progress::State;
 use super::wire::{Ctrl, Kind, CTRL_BYTES};
 use crate::error::{Error, Result};
-use crate::transport::{Link, LinkOps, RecvMsg, SendMsg};
+use crate::transport::{Link, LinkOps, RecvMsg, SendMsg, TransportKind};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 
@@ -218,7 +218,16 @@ impl State {
                         p.ctrl_in[..CTRL_BYTES].try_into().expect("long enough");
                     let c = Ctrl::decode(head, self.rank, q)?;
                     if m.len == CTRL_BYTES {
+                        let data = c.kind == Kind::Data;
                         self.on_ctrl(q, c)?;
+                        if data && self.reads_whole(q) {
+                            // What this round queued out (the payload of
+                            // our own send that the peer just cleared, say)
+                            // leaves before the read: read now, and the
+                            // peer would wait for it the whole read long,
+                            // where both can read at once.
+                            return Ok(true);
+                        }
                     } else {
                         self.inline_in(q, c, m.len - CTRL_BYTES)?;
                     }
@@ -226,6 +235,20 @@ impl State {
                 Inbound::Payload(_, into, data) => self.payload_in(q, into, data),
             }
         }
+    }
+
+    /// Whether the payload about to come from `q` is read whole in one
+    /// call: a direct read from the sender's memory (shared memory, up to
+    /// MiBs at a time). Over a socket a payload comes in as it arrives.
+    fn reads_whole(&self, q: usize) -> bool {
+        let p = &self.peers[q];
+        let Some(Inbound::Payload(m, ..)) = &p.inbound else {
+            return false;
+        };
+        m.len >= self.cx.direct_bytes
+            && p.link
+                .as_ref()
+                .is_some_and(|l| l.kind() != TransportKind::Tcp)
     }
 
     /// An `Eager` frame `c` from `q` came with `len` bytes of payload
