@@ -12,8 +12,9 @@
 
 use crate::error::Result;
 use crate::transport::sys;
+use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{OnceLock, Weak};
+use std::sync::Weak;
 use std::time::{Duration, Instant};
 
 /// `state`: the op is running and nobody sleeps on it.
@@ -23,6 +24,9 @@ const RUNNING: u32 = 0;
 const SLEEPING: u32 = 1;
 /// `state`: the result is set.
 const DONE: u32 = 2;
+/// `state` bit: the completer is writing the result (set over RUNNING or
+/// SLEEPING, which it keeps: completing wakes a sleeper).
+const WRITING: u32 = 4;
 
 /// The longest a waiter sleeps between two looks at its driver: a driver
 /// that stopped (its spin ran out) gets another turn this often.
@@ -39,11 +43,20 @@ pub(crate) trait Driver: Send + Sync {
 /// Completion state shared between an async op and its [`Work`](crate::Work) handle.
 #[derive(Default)]
 pub(crate) struct Completion {
-    /// RUNNING, SLEEPING or DONE (a futex word).
+    /// RUNNING, SLEEPING or DONE (a futex word), or WRITING with either
+    /// of the first two.
     state: AtomicU32,
-    result: OnceLock<Result<()>>,
+    /// Written once, by the completer that set WRITING; read only once
+    /// `state` is DONE.
+    result: UnsafeCell<Option<Result<()>>>,
     driver: Option<Weak<dyn Driver>>,
 }
+
+// SAFETY: `result` is written by one thread only (the one whose exchange
+// set WRITING, which no other completer can then do) before the Release
+// store of DONE, and read only after an Acquire load sees DONE, after which
+// nobody writes it; every other field is Sync.
+unsafe impl Sync for Completion {}
 
 impl std::fmt::Debug for Completion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -64,9 +77,30 @@ impl Completion {
 
     /// Sets the result (the first one counts) and wakes sleeping waiters.
     pub(crate) fn complete(&self, r: Result<()>) {
-        let _ = self.result.set(r);
-        // Release: a waiter that sees DONE sees the result.
-        if self.state.swap(DONE, Ordering::AcqRel) == SLEEPING {
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            if cur == DONE || cur & WRITING != 0 {
+                // Completed (or being completed) already: the first counts.
+                return;
+            }
+            match self.state.compare_exchange_weak(
+                cur,
+                cur | WRITING,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        // SAFETY: this thread alone set WRITING, so it alone writes, and no
+        // reader reads before DONE below.
+        unsafe { *self.result.get() = Some(r) };
+        // While WRITING, a waiter cannot announce a sleep (its exchange
+        // expects RUNNING), so `cur` says whether one sleeps. Release: a
+        // waiter that sees DONE sees the result.
+        self.state.store(DONE, Ordering::Release);
+        if cur == SLEEPING {
             sys::futex_wake_all(&self.state);
         }
     }
@@ -109,6 +143,8 @@ impl Completion {
                 Ordering::Acquire,
             ) {
                 Ok(_) | Err(SLEEPING) => sys::futex_wait(&self.state, SLEEPING, nap),
+                // Being completed: done in a moment.
+                Err(s) if s & WRITING != 0 => std::hint::spin_loop(),
                 Err(_) => {}
             }
         }
@@ -116,7 +152,8 @@ impl Completion {
 
     fn result(&self) -> Option<Result<()>> {
         if self.state.load(Ordering::Acquire) == DONE {
-            self.result.get().cloned()
+            // SAFETY: DONE is stored (Release) after the only write.
+            unsafe { (*self.result.get()).clone() }
         } else {
             None
         }

@@ -50,6 +50,8 @@ pub(super) struct Shared {
     queue: Mutex<Queue>,
     /// Whether `queue.posts` may hold posts (a hint read without the lock).
     queued: AtomicBool,
+    /// `queue.stop`, read without the lock.
+    stopping: AtomicBool,
     cv: Condvar,
     /// Waiters driving (or about to): the progress thread stands aside.
     drivers: AtomicUsize,
@@ -71,6 +73,7 @@ impl Shared {
             state: Mutex::new(st),
             queue: Mutex::new(Queue::default()),
             queued: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
             cv: Condvar::new(),
             drivers: AtomicUsize::new(0),
             abort,
@@ -108,6 +111,19 @@ impl Shared {
 
     /// See [`super::P2p::post`].
     pub fn post(&self, posts: Vec<Post>) {
+        // Nobody holds the state and nothing waits in the queue: the posts
+        // go straight in (the usual case for a thread that posts and then
+        // waits), without the queue's lock.
+        if !self.queued.load(Ordering::Acquire) {
+            if let Some(mut st) = self.try_state() {
+                if !self.queued.load(Ordering::Acquire) && !self.stopping.load(Ordering::Acquire) {
+                    st.accept(posts);
+                    self.round(&mut st);
+                    return;
+                }
+                drop(st);
+            }
+        }
         let mut q = self.queue();
         if q.stop {
             drop(q);
@@ -143,6 +159,7 @@ impl Shared {
 
     /// Tells the progress thread to finish.
     pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
         self.queue().stop = true;
         self.wake();
         self.cv.notify_one();
@@ -197,7 +214,9 @@ impl Shared {
     /// Returns whether anything moved.
     fn round(&self, st: &mut State) -> bool {
         let mut fresh = false;
-        if self.queued.swap(false, Ordering::AcqRel) {
+        // Loaded first: a locked swap at every polling round would cost more
+        // than the round.
+        if self.queued.load(Ordering::Acquire) && self.queued.swap(false, Ordering::AcqRel) {
             let posts = std::mem::take(&mut self.queue().posts);
             fresh = !posts.is_empty();
             st.accept(posts);

@@ -42,7 +42,7 @@ use crate::transport::shm::Segment;
 use crate::transport::Link;
 use driver::Shared;
 use progress::State;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -89,6 +89,8 @@ unsafe impl Send for Post {}
 pub(crate) struct P2p {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The thread is running (read without the lock at every post).
+    started: AtomicBool,
 }
 
 impl P2p {
@@ -108,6 +110,7 @@ impl P2p {
         P2p {
             shared: Arc::new(Shared::new(st, spin, bell, abort)),
             thread: Mutex::new(None),
+            started: AtomicBool::new(false),
         }
     }
 
@@ -140,6 +143,9 @@ impl P2p {
 
     /// Starts the progress thread, at the first post.
     fn start(&self) -> crate::Result<()> {
+        if self.started.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let mut t = self.thread.lock().unwrap_or_else(|e| e.into_inner());
         if t.is_some() {
             return Ok(());
@@ -150,6 +156,7 @@ impl P2p {
             .spawn(move || shared.run())
             .map_err(|e| Error::io("starting the point-to-point thread", e))?;
         *t = Some(h);
+        self.started.store(true, Ordering::Release);
         Ok(())
     }
 }

@@ -147,10 +147,11 @@ impl State {
 
     /// Takes new posts in.
     pub fn accept(&mut self, posts: Vec<Post>) {
+        let now = Instant::now();
         for post in posts {
             let id = self.next_op;
             self.next_op += 1;
-            let deadline = crate::config::deadline_after(Instant::now(), post.timeout);
+            let deadline = crate::config::deadline_after(now, post.timeout);
             self.longest = self.longest.max(post.timeout);
             let kind = post.kind;
             self.ops.insert(
