@@ -61,6 +61,9 @@ pub(crate) struct RingLink {
     /// does not leave room for what it is about to write: a small message
     /// then costs no cache-line transfer back from the receiver.
     tail_seen: u64,
+    /// Our head, as we last stored it (we alone write it): read from here,
+    /// not from the cache line the receiver polls.
+    head_mine: u64,
 }
 
 impl RingLink {
@@ -75,6 +78,7 @@ impl RingLink {
         // Where the ring stands (it may have carried an earlier link's
         // messages).
         let tail_seen = seg.ctl(chan, me, peer).tail.load(Ordering::Acquire);
+        let head_mine = seg.ctl(chan, me, peer).head.load(Ordering::Acquire);
         RingLink {
             seg,
             chan,
@@ -86,6 +90,7 @@ impl RingLink {
             recv_msgs: 0,
             direct_recvd: 0,
             tail_seen,
+            head_mine,
         }
     }
 
@@ -147,7 +152,8 @@ impl RingLink {
         let cap = seg.layout.cap as u64;
         let ctl = seg.ctl(self.chan, self.me, self.peer);
         let data = seg.data(self.chan, self.me, self.peer);
-        let head = ctl.head.load(Ordering::Relaxed);
+        let head = self.head_mine;
+        debug_assert_eq!(head, ctl.head.load(Ordering::Relaxed));
         // What this call would write at most: the header (and a direct
         // read's descriptor) if not yet out, and the rest of the payload
         // with its padding.
@@ -207,6 +213,7 @@ impl RingLink {
                 m.direct_target = Some(self.direct_sent);
                 m.sent = m.len;
                 ctl.head.store(h, Ordering::Release);
+                self.head_mine = h;
                 notify(seg.bell(self.peer));
                 return Ok(true);
             }
@@ -226,6 +233,7 @@ impl RingLink {
                     // woken once, below: waking it per piece would switch
                     // a shared core back and forth).
                     ctl.head.store(h, Ordering::Release);
+                    self.head_mine = h;
                     published = h;
                 }
                 // The streaming copy ends with a store fence: its bytes are
@@ -254,6 +262,7 @@ impl RingLink {
         }
         if h != head {
             ctl.head.store(h, Ordering::Release);
+            self.head_mine = h;
             notify(seg.bell(self.peer));
             return Ok(true);
         }
