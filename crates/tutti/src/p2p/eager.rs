@@ -34,7 +34,10 @@
 //! one wake-up check each way instead of two. The payload is copied through
 //! a buffer on each side, which is cheap at that size; a larger eager
 //! message follows its frame as a message of its own, straight into the
-//! receive's buffer where one is posted.
+//! receive's buffer where one is posted. Sockets take only messages of the
+//! length expected, so there every frame is padded to a fixed length
+//! ([`super::peer::FIXED_FRAME_BYTES`]) and an eager message short enough
+//! travels inside it: one write and one read each way instead of two.
 //!
 //! The send completes as soon as its payload has left (written into the
 //! ring or the socket), as MPI completes an eager send: the sender's buffer
@@ -55,7 +58,7 @@ use super::peer::{drop_payload, Body, Dest, Inbound, Offer, Out};
 use super::progress::State;
 use super::wire::{Ctrl, Kind};
 use crate::error::Result;
-use crate::transport::{LinkOps, RecvMsg};
+use crate::transport::RecvMsg;
 
 /// The largest message that may travel eager (bytes): smaller ones leave at
 /// once (within the pair's credit), larger ones by rendezvous.
@@ -144,7 +147,7 @@ impl State {
             return false;
         }
         o.moving = true;
-        if len <= INLINE_BYTES && p.link.as_ref().is_some_and(|l| l.takes_var_len()) {
+        if len <= p.inline_bytes() {
             p.outq.push_back(Out::Inline(op));
             return true;
         }
