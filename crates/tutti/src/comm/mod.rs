@@ -86,8 +86,10 @@ impl std::fmt::Debug for Communicator {
 /// each other's memory: one copy (`process_vm_readv`) instead of two
 /// through the ring. Measured against the ring alone (`docs/performance.md`,
 /// "Send/Recv: direct reads from 32 KiB"), 2 ranks on 2 cores: 32 KiB to
-/// 128 KiB exchanges take 0.50-0.75 of their time. (Eager messages, up to
-/// 16 KiB, never go direct: `p2p::progress`.)
+/// 128 KiB exchanges take 0.50-0.75 of their time. Eager messages never
+/// go direct (`p2p::progress`), and since they go up to
+/// [`EAGER_BYTES`](crate::EAGER_BYTES) (128 KiB), every rendezvous message
+/// is read direct, under either threshold.
 const P2P_DIRECT_BYTES: usize = 32 << 10;
 
 /// [`P2P_DIRECT_BYTES`] where this host has more ranks than cores: a
