@@ -52,10 +52,11 @@ pub(crate) struct Completion {
     driver: Option<Weak<dyn Driver>>,
 }
 
-// SAFETY: `result` is written by one thread only (the one whose exchange
-// set WRITING, which no other completer can then do) before the Release
-// store of DONE, and read only after an Acquire load sees DONE, after which
+// `result` is written by one thread only (the one whose exchange set
+// WRITING, which no other completer can then do) before the Release store
+// of DONE, and read only after an Acquire load sees DONE, after which
 // nobody writes it; every other field is Sync.
+// SAFETY: so sharing a Completion between threads never races on `result`.
 unsafe impl Sync for Completion {}
 
 impl std::fmt::Debug for Completion {
