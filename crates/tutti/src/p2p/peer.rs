@@ -7,7 +7,7 @@ use super::eager::{Credit, EAGER_BYTES, INLINE_BYTES};
 use super::progress::State;
 use super::wire::{Ctrl, Kind, CTRL_BYTES};
 use crate::error::{Error, Result};
-use crate::transport::{Link, LinkOps, RecvMsg, SendMsg, TransportKind};
+use crate::transport::{Link, LinkOps, RecvMsg, SendMsg};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 
@@ -301,10 +301,8 @@ impl State {
         let Some(Inbound::Payload(m, ..)) = &p.inbound else {
             return false;
         };
-        m.len >= self.cx.direct_bytes
-            && p.link
-                .as_ref()
-                .is_some_and(|l| l.kind() != TransportKind::Tcp)
+        // The rings (the links of variable-length messages) read direct.
+        m.len >= self.cx.direct_bytes && p.var_len()
     }
 
     /// An `Eager` frame `c` from `q` came with `len` bytes of payload
