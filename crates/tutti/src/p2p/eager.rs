@@ -27,17 +27,17 @@
 //! sender therefore always has at least three quarters of its credit
 //! free for messages its receiver has taken.
 //!
-//! On the shared-memory rings a message of at most [`INLINE_BYTES`] goes
-//! *inline*: its `Eager` frame and payload are one ring message (the
-//! receiver's next frame receive takes it whole, its length in the ring
-//! header), so the smallest exchanges cost one header, one publication and
-//! one wake-up check each way instead of two. The payload is copied through
-//! a buffer on each side, which is cheap at that size; a larger eager
-//! message follows its frame as a message of its own, straight into the
-//! receive's buffer where one is posted. Sockets take only messages of the
-//! length expected, so there every frame is padded to a fixed length
-//! ([`super::peer::FIXED_FRAME_BYTES`]) and an eager message short enough
-//! travels inside it: one write and one read each way instead of two.
+//! A message of at most [`INLINE_BYTES`] (rings) or
+//! [`SOCKET_INLINE_BYTES`] (sockets) goes *inline*: its `Eager` frame and
+//! payload are one transport message (the receiver's next frame receive
+//! takes it whole, learning its length from the transport's header), so
+//! the smallest exchanges cost one header, one publication (or write) and
+//! one wake-up check (or read) each way instead of two. The payload is
+//! copied through a buffer on each side, which on the rings pays only at
+//! small sizes, and over a socket always (a second message costs a system
+//! call on each side); a larger eager message follows its frame as a
+//! message of its own, straight into the receive's buffer where one is
+//! posted.
 //!
 //! The send completes as soon as its payload has left (written into the
 //! ring or the socket), as MPI completes an eager send: the sender's buffer
@@ -54,7 +54,7 @@
 //! that dies after the payload left is reported by the ops that still
 //! involve it (a receive from it, a later send to it).
 
-use super::peer::{drop_payload, Body, Dest, Inbound, Offer, Out};
+use super::peer::{drop_payload, Body, Dest, Inbound, Offer, Out, Peer};
 use super::progress::State;
 use super::wire::{Ctrl, Kind};
 use crate::error::Result;
@@ -73,11 +73,21 @@ use crate::transport::RecvMsg;
 pub const EAGER_BYTES: usize = 128 << 10;
 
 /// The largest eager message whose `Eager` frame and payload travel as one
-/// transport message, on links that take messages shorter than their
-/// receive expects ([`LinkOps::takes_var_len`]: the shared-memory rings):
-/// one header, one publication and one wake-up check each way instead of
-/// two, for a copy of the payload through a buffer on each side.
+/// transport message through the shared-memory rings: one header, one
+/// publication and one wake-up check each way instead of two, for a copy
+/// of the payload through a buffer on each side.
 pub(crate) const INLINE_BYTES: usize = 1 << 10;
+
+/// [`INLINE_BYTES`] over a socket: every eager message. A second socket
+/// message costs a system call on each side and often a second wake-up
+/// of the receiver, far more than the copy through a buffer on each side.
+/// 2 ranks on loopback, `tutti perf send_recv` with 16 KiB against 128
+/// KiB as the limit, 5 rounds (paired, 128 KiB over 16 KiB): 16 KiB
+/// 0.76, 32 KiB 0.79, 64 KiB 0.81, 128 KiB 0.73. The receiving buffer
+/// this takes per peer (`Peer::ctrl_in`) is allocated zeroed, which the
+/// allocator maps fresh at this size: its pages cost memory only once a
+/// message that long has come.
+pub(crate) const SOCKET_INLINE_BYTES: usize = EAGER_BYTES;
 
 /// Eager bytes in flight per ordered pair of ranks: sent, and not yet
 /// given back by the receiver.
@@ -147,7 +157,7 @@ impl State {
             return false;
         }
         o.moving = true;
-        if len <= p.inline_bytes() {
+        if len <= Peer::inline_bytes(p.link.as_ref()) {
             p.outq.push_back(Out::Inline(op));
             return true;
         }

@@ -3,36 +3,13 @@
 //! receive has matched yet, and what each incoming control frame
 //! ([`super::wire`]) does.
 
-use super::eager::{Credit, EAGER_BYTES, INLINE_BYTES};
+use super::eager::{Credit, EAGER_BYTES, INLINE_BYTES, SOCKET_INLINE_BYTES};
 use super::progress::State;
 use super::wire::{Ctrl, Kind, CTRL_BYTES};
 use crate::error::{Error, Result};
 use crate::transport::{Link, LinkOps, RecvMsg, SendMsg};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
-
-/// Room for an incoming control frame and an inline eager payload (on
-/// either kind of link).
-pub(super) const CTRL_IN_BYTES: usize = if FIXED_FRAME_BYTES > CTRL_BYTES + INLINE_BYTES {
-    FIXED_FRAME_BYTES
-} else {
-    CTRL_BYTES + INLINE_BYTES
-};
-
-/// On links that take only messages of the length their receive expects
-/// (sockets), every control frame goes out padded to this length, so that
-/// an eager message of at most [`FRAME_INLINE_BYTES`] travels inside its
-/// `Eager` frame: one message (one write and one read) each way, not two.
-/// The padding costs little next to a system call per message on
-/// loopback (2 ranks, `TUTTI_TRANSPORT=tcp tutti perf send_recv`: 8-128 B
-/// exchanges 6.8-7.0 us instead of 12.4-13.3); on a real link every
-/// control frame pays it in wire time too, hence 256 B and not 1 or 4 KiB
-/// (which measured no slower at 8 B on loopback, but cost 8 or 33 us per
-/// frame at 1 Gbit/s).
-pub(super) const FIXED_FRAME_BYTES: usize = 256;
-
-/// The largest eager payload inside a fixed-length frame.
-pub(super) const FRAME_INLINE_BYTES: usize = FIXED_FRAME_BYTES - CTRL_BYTES;
 
 /// A frame waiting to go out on a link.
 pub(super) enum Out {
@@ -44,8 +21,7 @@ pub(super) enum Out {
     /// receiver's answer only gives the credit back).
     Eager(u64),
     /// An eager send's `Eager` frame and payload in one message (see
-    /// [`INLINE_BYTES`] and [`FIXED_FRAME_BYTES`]), put together in
-    /// `Peer::out_buf` as it goes.
+    /// [`INLINE_BYTES`]), put together in `Peer::out_buf` as it goes.
     Inline(u64),
 }
 
@@ -99,10 +75,10 @@ pub(super) struct Peer {
     pub broken: Option<Error>,
     pub outq: VecDeque<Out>,
     pub cur: Option<(Out, SendMsg)>,
-    /// The message going out for an [`Out::Inline`] (or a padded frame).
+    /// The message going out for an [`Out::Inline`].
     pub out_buf: Vec<u8>,
-    /// The incoming control frame, and an inline payload behind it (links
-    /// that take messages of variable length), [`CTRL_IN_BYTES`].
+    /// The incoming control frame, and room for an inline payload behind
+    /// it ([`Peer::inline_bytes`]).
     pub ctrl_in: Box<[u8]>,
     pub inbound: Option<Inbound>,
     pub offers: VecDeque<Offer>,
@@ -117,18 +93,15 @@ pub(super) struct Peer {
 }
 
 impl Peer {
-    /// Whether the link takes a message shorter than its receive expects
-    /// (the rings); else frames are [`FIXED_FRAME_BYTES`] long.
-    fn var_len(&self) -> bool {
-        self.link.as_ref().is_some_and(|l| l.takes_var_len())
-    }
-
-    /// The largest eager payload that travels inside its frame.
-    pub fn inline_bytes(&self) -> usize {
-        if self.var_len() {
-            INLINE_BYTES
-        } else {
-            FRAME_INLINE_BYTES
+    /// The largest eager payload that travels inside its frame on `link`:
+    /// through the rings, where the copy through a buffer on each side
+    /// costs about what a second ring message saves, little; over a
+    /// socket, where a second message costs a system call on each side,
+    /// more.
+    pub fn inline_bytes(link: Option<&Link>) -> usize {
+        match link {
+            Some(Link::Ring(_)) | None => INLINE_BYTES,
+            Some(_) => SOCKET_INLINE_BYTES,
         }
     }
 
@@ -187,14 +160,7 @@ impl State {
                 let Some(out) = p.outq.pop_front() else {
                     return Ok(moved);
                 };
-                let fixed = !p.var_len();
                 let m = match &out {
-                    Out::Ctrl(b, _) if fixed => {
-                        p.out_buf.clear();
-                        p.out_buf.extend_from_slice(&b[..]);
-                        p.out_buf.resize(FIXED_FRAME_BYTES, 0);
-                        SendMsg::new(p.out_buf.as_ptr(), FIXED_FRAME_BYTES, FIXED_FRAME_BYTES)
-                    }
                     Out::Ctrl(b, _) => SendMsg::new(b.as_ptr(), CTRL_BYTES, CTRL_BYTES),
                     Out::Payload(op) | Out::Eager(op) => {
                         let o = &self.ops[op];
@@ -211,9 +177,6 @@ impl State {
                         // length until the op completes (the poster's promise).
                         let payload = unsafe { std::slice::from_raw_parts(o.post.ptr, o.post.len) };
                         p.out_buf.extend_from_slice(payload);
-                        if fixed {
-                            p.out_buf.resize(FIXED_FRAME_BYTES, 0);
-                        }
                         SendMsg::new(p.out_buf.as_ptr(), p.out_buf.len(), p.out_buf.len())
                     }
                 };
@@ -241,13 +204,9 @@ impl State {
             let p = &mut self.peers[q];
             let link = p.link.as_mut().expect("checked by the caller");
             let inbound = p.inbound.get_or_insert_with(|| {
-                // A frame, or on links that take it, a frame and an inline
-                // eager payload.
-                let mut m = RecvMsg::new(p.ctrl_in.as_mut_ptr(), None, CTRL_IN_BYTES);
-                m.var_len = link.takes_var_len();
-                if !m.var_len {
-                    m.len = FIXED_FRAME_BYTES;
-                }
+                // A frame, and perhaps an inline eager payload behind it.
+                let mut m = RecvMsg::new(p.ctrl_in.as_mut_ptr(), None, p.ctrl_in.len());
+                m.var_len = true;
                 Inbound::Ctrl(m)
             });
             let m = match inbound {
@@ -263,16 +222,20 @@ impl State {
                     let head: &[u8; CTRL_BYTES] =
                         p.ctrl_in[..CTRL_BYTES].try_into().expect("long enough");
                     let c = Ctrl::decode(head, self.rank, q)?;
-                    // An eager payload inside the frame: on the rings the
-                    // message is longer than a frame; in a fixed-length
-                    // frame, an eager message short enough is inside.
-                    let inline = if m.var_len {
-                        m.len - CTRL_BYTES
-                    } else if c.kind == Kind::Eager && c.len <= FRAME_INLINE_BYTES as u64 {
-                        c.len as usize
-                    } else {
-                        0
-                    };
+                    // An eager payload inside: the message is longer than
+                    // a frame.
+                    let inline = m
+                        .len
+                        .checked_sub(CTRL_BYTES)
+                        .ok_or_else(|| Error::Mismatch {
+                            rank: self.rank,
+                            peer: q,
+                            seq: 0,
+                            msg: format!(
+                            "a point-to-point control frame of {} bytes (at least {CTRL_BYTES})",
+                            m.len
+                        ),
+                        })?;
                     if inline == 0 {
                         let data = c.kind == Kind::Data;
                         self.on_ctrl(q, c)?;
@@ -301,8 +264,8 @@ impl State {
         let Some(Inbound::Payload(m, ..)) = &p.inbound else {
             return false;
         };
-        // The rings (the links of variable-length messages) read direct.
-        m.len >= self.cx.direct_bytes && p.var_len()
+        // Only the rings read direct.
+        m.len >= self.cx.direct_bytes && matches!(p.link, Some(Link::Ring(_)))
     }
 
     /// An `Eager` frame `c` from `q` came with `len` bytes of payload

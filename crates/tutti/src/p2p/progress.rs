@@ -16,11 +16,11 @@
 
 use super::eager::{Credit, EAGER_BYTES};
 use super::peer::{Body, Offer, Out, Peer};
-use super::wire::{Ctrl, Kind};
+use super::wire::{Ctrl, Kind, CTRL_BYTES};
 use super::{Post, PostKind, RecvStatus};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
-use crate::transport::{make_tag, Link, SendMsg, StepCx, P2P_SEQ};
+use crate::transport::{make_tag, Link, LinkOps, SendMsg, StepCx, P2P_SEQ};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -74,13 +74,20 @@ impl State {
             .into_iter()
             .enumerate()
             .map(|(q, link)| Peer {
+                // Frames travel with an inline payload behind them.
+                ctrl_in: {
+                    assert!(
+                        link.as_ref().is_none_or(|l| l.takes_var_len()),
+                        "point-to-point links take messages of variable length"
+                    );
+                    vec![0; CTRL_BYTES + Peer::inline_bytes(link.as_ref())].into_boxed_slice()
+                },
                 link,
                 pid: pids.get(q).copied().flatten(),
                 broken: None,
                 outq: VecDeque::new(),
                 cur: None,
                 out_buf: Vec::new(),
-                ctrl_in: vec![0; super::peer::CTRL_IN_BYTES].into_boxed_slice(),
                 inbound: None,
                 offers: VecDeque::new(),
                 clear_wait: FxHashMap::default(),

@@ -1,8 +1,10 @@
 //! The control frames of the point-to-point protocol.
 //!
 //! Each direction of a pair's point-to-point link carries, in order, 32-byte
-//! control frames, each a transport message of its own; a `Data` frame is
-//! followed by one more message, the payload. A message moves in three
+//! control frames, each a transport message of its own (an inline eager
+//! message's payload rides in the same message, behind its frame:
+//! [`super::eager`]); a `Data` frame is followed by one more message, the
+//! payload. A message moves in three
 //! frames (rendezvous), so that a payload only ever travels into a buffer
 //! its receiver has already matched, and a link never holds bytes that
 //! nobody will take:

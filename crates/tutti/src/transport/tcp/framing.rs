@@ -87,6 +87,11 @@ pub(crate) struct Expect {
     pub len: usize,
     /// The message's number on the link.
     pub n: u32,
+    /// The message may be shorter than `len` ([`RecvMsg::var_len`]): its
+    /// header says how long (links of one lane only).
+    ///
+    /// [`RecvMsg::var_len`]: crate::transport::RecvMsg::var_len
+    pub var_len: bool,
 }
 
 impl Expect {
@@ -97,7 +102,7 @@ impl Expect {
         h.flags & !1 == msg_flags(self.n)
             && h.tag == self.tag
             && (h.seq == self.coll_seq || h.seq == P2P_SEQ || self.coll_seq == P2P_SEQ)
-            && h.len == self.len as u64
+            && (h.len == self.len as u64 || self.var_len && h.len < self.len as u64)
     }
 }
 

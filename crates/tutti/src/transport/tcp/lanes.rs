@@ -19,6 +19,11 @@ use std::time::{Duration, Instant};
 /// system call it saves. The read asks for exactly the expected frame, so it
 /// never takes bytes of the next one (unless a probe comes first: see
 /// [`Lanes::rx`]). Longer messages read their header alone, as before.
+///
+/// A message of variable length ([`Expect::var_len`], links of one lane)
+/// does not know where it ends before its header is in: its header read
+/// asks for this much payload whatever the message, and what it takes of
+/// the messages after stays in the lane's buffer, the start of the next.
 pub(crate) const READ_AHEAD: usize = 4096;
 
 /// Retransmission timeouts in a row, with bytes still unacknowledged,
@@ -102,8 +107,11 @@ pub(crate) struct Lanes {
     tx_frames: usize,
     tx_next: usize,
     tx_turn: usize,
-    /// Receiving: which frames of the current message have arrived.
+    /// Receiving: which frames of the current message have arrived, and
+    /// its length (less than expected where its header said so,
+    /// [`Expect::var_len`]).
     rx: FrameSet,
+    rx_len: usize,
 }
 
 /// The longest a communicator's close waits for its TCP peers to
@@ -215,6 +223,7 @@ impl Lanes {
             tx_next: 0,
             tx_turn: 0,
             rx: FrameSet::default(),
+            rx_len: 0,
         })
     }
 
@@ -384,10 +393,17 @@ impl Lanes {
     /// lane finished the last message.
     pub(crate) fn rx_start(&mut self, len: usize) {
         self.rx.reset(self.framing.frames(len));
+        self.rx_len = len;
         for l in &mut self.lanes {
             l.rx_frame = None;
             l.rx_read = 0;
         }
+    }
+
+    /// The length of the message being received: the expected one, or
+    /// what its header said ([`Expect::var_len`]).
+    pub(crate) fn rx_len(&self) -> usize {
+        self.rx_len
     }
 
     /// True once every frame of the message has been read.
@@ -444,8 +460,17 @@ impl Lanes {
         let lanes = self.rx_lanes();
         // A message of one frame comes on lane 0 alone, and nothing of a
         // later message can come before it there: its header may bring
-        // payload with it.
-        let ahead = if S::TAKES_ALL && self.rx.frames == 1 && ex.len <= READ_AHEAD {
+        // payload with it (and on one lane, if its length is not known,
+        // bytes of the next messages: they stay for them).
+        debug_assert!(
+            !ex.var_len || fr.lanes == 1,
+            "variable lengths on one lane only"
+        );
+        let ahead = if !S::TAKES_ALL || self.rx.frames != 1 {
+            0
+        } else if ex.var_len {
+            READ_AHEAD
+        } else if ex.len <= READ_AHEAD {
             ex.len
         } else {
             0
@@ -530,6 +555,8 @@ impl Lanes {
                         }
                         return Err(RxError::Header(h));
                     }
+                    // (Only a variable-length message's header may differ.)
+                    self.rx_len = h.len as usize;
                     let j = if fr.lanes == 1 {
                         0
                     } else {
@@ -549,7 +576,7 @@ impl Lanes {
                     l.rx_read = 0;
                 }
                 let j = l.rx_frame.expect("a frame is being read");
-                let (off, flen) = fr.frame(ex.len, j);
+                let (off, flen) = fr.frame(self.rx_len, j);
                 if !l.rx_begun {
                     if !sink.frame_start(s, off, flen) {
                         break;
@@ -559,6 +586,14 @@ impl Lanes {
                 if l.rx_read == flen {
                     sink.frame_done(s);
                     l.rx_frame = None;
+                    if l.rx_pre > 0 {
+                        // Read ahead past a message of variable length:
+                        // the beginning of the next one.
+                        let (at, pre) = (l.rx_pre_at, l.rx_pre);
+                        l.rx_hbuf.copy_within(at..at + pre, 0);
+                        l.rx_hdr_got = pre;
+                        l.rx_pre = 0;
+                    }
                     self.rx.set(j);
                     moved = true;
                     continue;

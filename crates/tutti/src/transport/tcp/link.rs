@@ -174,6 +174,7 @@ impl TcpLink {
             tag: cx.tag,
             len: m.len,
             n: self.recv_msgs,
+            var_len: m.var_len,
         };
         let mut heard = false;
         let r = if m.reduce_src.is_none() {
@@ -191,6 +192,7 @@ impl TcpLink {
         }
         let moved = r.map_err(|e| rx_error(cx, e, m.len, self.peer, self.recv_msgs))?;
         m.header_seen = true;
+        m.len = self.lanes.rx_len();
         let carry = &self.carry;
         m.got = self.lanes.rx_prefix(m.len, |s| carry[s].1);
         if self.lanes.rx_done() {
@@ -228,5 +230,8 @@ impl LinkOps for TcpLink {
     }
     fn host_silent(&self) -> Option<String> {
         self.lanes.host_silent()
+    }
+    fn takes_var_len(&self) -> bool {
+        self.lanes.lanes.len() == 1
     }
 }

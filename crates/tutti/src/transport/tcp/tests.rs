@@ -4,6 +4,7 @@
 use super::{close_gracefully, TcpLink, DEFAULT_CHUNK};
 use crate::error::{Error, Result};
 use crate::reduce::{DataType, ReduceOp};
+use crate::transport::LinkOps;
 use crate::transport::{msg_flags, Header, RecvMsg, SendMsg, StepCx, HEADER_BYTES, P2P_SEQ};
 use std::io::{self, Write};
 use std::net::{TcpListener, TcpStream};
@@ -237,6 +238,60 @@ fn bad_frames_are_mismatches() {
     assert!(matches!(r, Err(Error::Mismatch { .. })), "repeat: {r:?}");
 }
 
+/// `k` socket pairs whose bytes a relay thread per lane passes on in
+/// pieces of random size (from 1 byte), with short random pauses: (the
+/// sending ends, the receiving ends, the relays, which end once the
+/// sending ends close).
+#[allow(clippy::type_complexity)]
+fn relayed(
+    k: usize,
+    next: &mut impl FnMut() -> u64,
+) -> (
+    Vec<TcpStream>,
+    Vec<TcpStream>,
+    Vec<std::thread::JoinHandle<()>>,
+) {
+    use std::io::Read;
+    let (a, relay_in) = pairs(k);
+    let (relay_out, b) = pairs(k);
+    let relays = relay_in
+        .into_iter()
+        .zip(relay_out)
+        .map(|(mut from, to)| {
+            let mut r = next();
+            std::thread::spawn(move || {
+                let _ = to.set_nodelay(true);
+                let mut to = to;
+                let mut buf = vec![0u8; 8192];
+                loop {
+                    let n = match from.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    let mut at = 0;
+                    while at < n {
+                        r = r.rotate_left(7).wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+                        let piece = match r % 4 {
+                            0 => 1 + (r >> 8) as usize % 8,
+                            1 => 1 + (r >> 8) as usize % 40,
+                            _ => 1 + (r >> 8) as usize % 4096,
+                        };
+                        let end = (at + piece).min(n);
+                        if to.write_all(&buf[at..end]).is_err() {
+                            return;
+                        }
+                        at = end;
+                        if (r >> 20).is_multiple_of(8) {
+                            std::thread::sleep(Duration::from_micros((r >> 24) % 300));
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    (a, b, relays)
+}
+
 /// Messages of random lengths, with liveness probes between some, over
 /// 1 to 4 lanes whose bytes a relay passes on in pieces of random size
 /// (from 1 byte) with short random pauses: a header may arrive in any
@@ -245,7 +300,6 @@ fn bad_frames_are_mismatches() {
 /// start of the next frame. Every message arrives whole and in order.
 #[test]
 fn lanes_survive_any_segmentation() {
-    use std::io::Read;
     let chunk = 4096;
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
@@ -256,43 +310,7 @@ fn lanes_survive_any_segmentation() {
     };
     for round in 0..8 {
         let k = 1 + round % 4;
-        let (a, relay_in) = pairs(k);
-        let (relay_out, b) = pairs(k);
-        let relays: Vec<_> = relay_in
-            .into_iter()
-            .zip(relay_out)
-            .map(|(mut from, to)| {
-                let mut r = next();
-                std::thread::spawn(move || {
-                    let _ = to.set_nodelay(true);
-                    let mut to = to;
-                    let mut buf = vec![0u8; 8192];
-                    loop {
-                        let n = match from.read(&mut buf) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => n,
-                        };
-                        let mut at = 0;
-                        while at < n {
-                            r = r.rotate_left(7).wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
-                            let piece = match r % 4 {
-                                0 => 1 + (r >> 8) as usize % 8,
-                                1 => 1 + (r >> 8) as usize % 40,
-                                _ => 1 + (r >> 8) as usize % 4096,
-                            };
-                            let end = (at + piece).min(n);
-                            if to.write_all(&buf[at..end]).is_err() {
-                                return;
-                            }
-                            at = end;
-                            if (r >> 20) % 8 == 0 {
-                                std::thread::sleep(Duration::from_micros((r >> 24) % 300));
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
+        let (a, b, relays) = relayed(k, &mut next);
         let mut s = TcpLink::new(a, 1, chunk).unwrap();
         let mut rl = TcpLink::new(b, 0, chunk).unwrap();
         let msgs: Vec<Vec<u8>> = (0..24)
@@ -375,4 +393,122 @@ fn lanes_round_trip_with_probes() {
         }
         assert_eq!(dst, src, "len {len}");
     }
+}
+
+/// Messages of variable length on one lane (the point-to-point link's
+/// frames): each receive expects at most a given length and learns the
+/// message's from its header. The sender runs far ahead, so a header read
+/// (which asks for `READ_AHEAD` bytes beyond the header, not knowing where
+/// the message ends) takes bytes of the messages after it, in any
+/// segmentation; they stay for those messages. Every message arrives
+/// whole, in order, with its own length.
+#[test]
+fn var_len_messages_survive_any_segmentation() {
+    let chunk = 4096;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    const MAX: usize = 3 * super::lanes::READ_AHEAD;
+    for round in 0..6 {
+        let (a, b, relays) = relayed(1, &mut next);
+        let mut s = TcpLink::new(a, 1, chunk).unwrap();
+        let mut rl = TcpLink::new(b, 0, chunk).unwrap();
+        assert!(rl.takes_var_len());
+        let msgs: Vec<Vec<u8>> = (0..200)
+            .map(|m| {
+                let len = match next() % 4 {
+                    0 => (next() % 40) as usize,
+                    1 => MAX - (next() % 2) as usize,
+                    _ => (next() % MAX as u64) as usize,
+                };
+                (0..len).map(|i| ((i * 31 + m) % 253) as u8).collect()
+            })
+            .collect();
+        let probes: Vec<bool> = msgs.iter().map(|_| next().is_multiple_of(7)).collect();
+        let (mut si, mut ri) = (0, 0);
+        let mut sm = None;
+        let mut dst = vec![0u8; MAX];
+        let mut rm = None;
+        let (mut c1, mut c2) = (cx(), cx());
+        let t = Instant::now();
+        while ri < msgs.len() {
+            // Several messages out for each receive step, while they fit.
+            for _ in 0..3 {
+                if si == msgs.len() {
+                    break;
+                }
+                let m = sm.get_or_insert_with(|| {
+                    if probes[si] {
+                        s.lanes.start_probe();
+                    }
+                    SendMsg::new(msgs[si].as_ptr(), msgs[si].len(), msgs[si].len())
+                });
+                s.send(m, &mut c1).unwrap();
+                if !m.done {
+                    break;
+                }
+                sm = None;
+                si += 1;
+            }
+            let m = rm.get_or_insert_with(|| {
+                let mut m = RecvMsg::new(dst.as_mut_ptr(), None, MAX);
+                m.var_len = true;
+                m
+            });
+            if let Err(e) = rl.recv(m, &mut c2) {
+                panic!("round {round}, message {ri}: {e}");
+            }
+            if m.done {
+                let len = m.len;
+                rm = None;
+                assert_eq!(len, msgs[ri].len(), "round {round}, message {ri}: length");
+                assert_eq!(&dst[..len], &msgs[ri][..], "round {round}, message {ri}");
+                ri += 1;
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "no progress");
+        }
+        drop(s);
+        for r in relays {
+            r.join().unwrap();
+        }
+    }
+}
+
+/// A message of variable length longer than the receive allows is a
+/// mismatch, not an overrun; a link of several lanes takes none.
+#[test]
+fn var_len_messages_longer_than_the_receive_are_mismatches() {
+    let chunk = 4096;
+    let (mut tx, rx) = pairs(1);
+    let mut link = TcpLink::new(rx, 1, chunk).unwrap();
+    let h = Header {
+        seq: P2P_SEQ,
+        tag: 7,
+        flags: msg_flags(0),
+        len: 101,
+    };
+    let mut bytes = bytemuck::bytes_of(&h).to_vec();
+    bytes.extend_from_slice(&[5; 101]);
+    tx[0].write_all(&bytes).unwrap();
+    let mut dst = vec![0u8; 100];
+    let mut m = RecvMsg::new(dst.as_mut_ptr(), None, 100);
+    m.var_len = true;
+    let mut c = cx();
+    let t = Instant::now();
+    let r = loop {
+        match link.recv(&mut m, &mut c) {
+            Err(e) => break e,
+            Ok(_) => assert!(
+                !m.done && t.elapsed() < Duration::from_secs(5),
+                "taken ({} B)",
+                m.len
+            ),
+        }
+    };
+    assert!(matches!(r, Error::Mismatch { .. }), "{r:?}");
+    assert!(!TcpLink::new(pairs(2).1, 1, chunk).unwrap().takes_var_len());
 }

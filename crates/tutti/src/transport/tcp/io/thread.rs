@@ -51,6 +51,7 @@ impl Side {
                 tag: 0,
                 len: 0,
                 n: 0,
+                var_len: false,
             },
             dead: false,
             last_heard: Instant::now(),
@@ -117,6 +118,7 @@ impl Side {
                 tag: p.rx.tag.load(Ordering::Relaxed) as u16,
                 len: p.rx.len.load(Ordering::Relaxed),
                 n: p.rx.n.load(Ordering::Relaxed),
+                var_len: false,
             };
             self.lanes.rx_start(self.ex.len);
             self.rx_on = true;
