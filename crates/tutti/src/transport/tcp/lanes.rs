@@ -35,7 +35,7 @@ pub(crate) const READ_AHEAD: usize = 4096;
 /// send_recv`, 5 rounds, paired against no limit): 1 MiB 403 -> 202 us
 /// (0.54), 2 MiB 0.61, 4 MiB 0.73, 8-64 MiB 0.87-0.97; 128 KiB bursts
 /// measured no better than 256 KiB.
-const TX_BURST: usize = 256 << 10;
+pub(crate) const TX_BURST: usize = 256 << 10;
 
 /// Retransmission timeouts in a row, with bytes still unacknowledged,
 /// after which a peer's host counts as gone ([`Lanes::host_silent`]): with

@@ -36,6 +36,18 @@
 //! A liveness probe ([`NOP`]) may appear between frames on any lane and is
 //! skipped by the receiver.
 //!
+//! A link of one lane also takes messages of *variable length* (the
+//! point-to-point channel's frames,
+//! [`RecvMsg::var_len`](crate::transport::RecvMsg::var_len)): the receive
+//! names the most it takes, and the header says how long the message is
+//! (longer is a mismatch). Not knowing where such a message ends, the
+//! header read asks for up to [`lanes::READ_AHEAD`] bytes past the header;
+//! what it takes of the messages after stays in the lane's buffer as their
+//! beginning.
+//!
+//! A send call writes at most [`lanes::TX_BURST`] payload bytes per lane,
+//! so that a thread that both sends and receives reads between bursts.
+//!
 //! # Who does the system calls
 //!
 //! [`TcpLink`] moves frames with non-blocking reads and writes on the
