@@ -55,6 +55,12 @@ pub(crate) struct State {
     /// The longest deadline of any op posted: how long closing waits for
     /// peers to take the eager messages sent to them.
     pub(super) longest: Duration,
+    /// Rounds run ([`State::progress`]).
+    pub(super) rounds: u64,
+    /// Per peer: a posted receive waits on it (scratch of a round).
+    pub(super) awaited: Vec<bool>,
+    /// Some link is a socket (a round may pass some by).
+    pub(super) sockets: bool,
 }
 
 impl State {
@@ -70,6 +76,9 @@ impl State {
         // (a receiver that waits for that sender before receiving would
         // never let it complete).
         let direct_bytes = direct_bytes.max(EAGER_BYTES + 1);
+        let sockets = links
+            .iter()
+            .any(|l| l.as_ref().is_some_and(|l| !matches!(l, Link::Ring(_))));
         let peers = links
             .into_iter()
             .enumerate()
@@ -127,6 +136,9 @@ impl State {
             },
             last_liveness: Instant::now(),
             longest: Duration::ZERO,
+            rounds: 0,
+            awaited: Vec::new(),
+            sockets,
         }
     }
 
