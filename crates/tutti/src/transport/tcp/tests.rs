@@ -238,6 +238,16 @@ fn bad_frames_are_mismatches() {
     assert!(matches!(r, Err(Error::Mismatch { .. })), "repeat: {r:?}");
 }
 
+/// A xorshift generator from `seed` (not 0).
+fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 /// `k` socket pairs whose bytes a relay thread per lane passes on in
 /// pieces of random size (from 1 byte), with short random pauses: (the
 /// sending ends, the receiving ends, the relays, which end once the
@@ -301,13 +311,7 @@ fn relayed(
 #[test]
 fn lanes_survive_any_segmentation() {
     let chunk = 4096;
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x9e37_79b9_7f4a_7c15u64);
     for round in 0..8 {
         let k = 1 + round % 4;
         let (a, b, relays) = relayed(k, &mut next);
@@ -323,7 +327,7 @@ fn lanes_survive_any_segmentation() {
                 (0..len).map(|i| ((i * 13 + m) % 251) as u8).collect()
             })
             .collect();
-        let probes: Vec<bool> = msgs.iter().map(|_| next() % 3 == 0).collect();
+        let probes: Vec<bool> = msgs.iter().map(|_| next().is_multiple_of(3)).collect();
         // The sender runs ahead: message m + 1 goes out while message m
         // may still be arriving.
         let (mut si, mut ri) = (0, 0);
@@ -405,13 +409,7 @@ fn lanes_round_trip_with_probes() {
 #[test]
 fn var_len_messages_survive_any_segmentation() {
     let chunk = 4096;
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x2545_f491_4f6c_dd1du64);
     const MAX: usize = 3 * super::lanes::READ_AHEAD;
     for round in 0..6 {
         let (a, b, relays) = relayed(1, &mut next);
