@@ -187,8 +187,9 @@ pub(crate) fn ppoll(fds: &mut [libc::pollfd], timeout: Duration) {
 
 /// What the kernel says of a TCP socket's unacknowledged bytes: segments
 /// sent and not yet acknowledged, how many retransmission timeouts in a
-/// row have fired for them (reset by any acknowledgement), and the
-/// milliseconds since the last acknowledgement arrived. `None` if the
+/// row have fired for them (reset by any acknowledgement), the
+/// milliseconds since the last acknowledgement arrived, and the current
+/// retransmission timeout (milliseconds). `None` if the
 /// socket cannot tell (not TCP, closed).
 pub(crate) fn tcp_unacked(fd: std::os::fd::RawFd) -> Option<TcpUnacked> {
     // SAFETY: tcp_info is plain old data; all zeroes is a valid value.
@@ -209,6 +210,7 @@ pub(crate) fn tcp_unacked(fd: std::os::fd::RawFd) -> Option<TcpUnacked> {
         segments: info.tcpi_unacked,
         timeouts: info.tcpi_retransmits,
         since_ack_ms: info.tcpi_last_ack_recv,
+        rto_ms: info.tcpi_rto / 1000,
     })
 }
 
@@ -218,6 +220,7 @@ pub(crate) struct TcpUnacked {
     pub segments: u32,
     pub timeouts: u8,
     pub since_ack_ms: u32,
+    pub rto_ms: u32,
 }
 
 pub(crate) use crate::topo::online_cpus;

@@ -56,7 +56,8 @@ pub(crate) fn configure(sock: &TcpStream, framing: Framing) -> Result<()> {
     // probed by keepalive after a second of silence; bytes of ours left
     // unacknowledged (a liveness probe, a message) are found by the
     // waiting side ([`Lanes::host_silent`]) after two retransmission
-    // timeouts, about 0.6 s; either way the failure then spreads to the
+    // timeouts, about 0.6 s, or 0.3 s past a first one that came late
+    // (a long measured round trip); either way the failure then spreads to the
     // other ranks at once. No TCP_USER_TIMEOUT: Linux applies it to a
     // closed receive window too, so it cut the connections of a live rank
     // that did not read for about a second (busy computing, say) while a

@@ -7,6 +7,7 @@ use super::framing::{is_ahead, nop_bytes, Expect, FrameSet, Framing, RxError, Si
 use super::framing::{FRAME_HDR_MAX, MAX_LANES, NOP};
 use crate::error::Result;
 use crate::transport::{sys, Header, HEADER_BYTES};
+use std::cell::Cell;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
@@ -44,6 +45,14 @@ pub(crate) const TX_BURST: usize = 256 << 10;
 /// the connection.
 pub(crate) const LOST_AFTER_TIMEOUTS: u8 = 2;
 
+/// How long a first retransmission timeout may stand with nothing
+/// acknowledged before a peer's host counts as gone, whatever the
+/// second one's time. The timeout grows with the round trips the kernel
+/// measured: on a loaded machine (delayed acknowledgements, a rank
+/// descheduled) it was seen near 1 s, and two of them took 2.9 s where
+/// the minimum's take 0.6 s. This keeps detection within 0.3 s of the first timeout.
+pub(crate) const LOST_AFTER_SILENT: Duration = Duration::from_millis(300);
+
 /// One socket of a link and where each direction stands on it.
 pub(crate) struct Lane {
     pub(crate) sock: TcpStream,
@@ -68,6 +77,9 @@ pub(crate) struct Lane {
     rx_begun: bool,
     rx_read: usize,
     rx_stash: bool,
+    /// When [`Lanes::host_silent`] first saw a retransmission timeout
+    /// standing on this socket (cleared once one is not).
+    timed_out_at: Cell<Option<Instant>>,
     /// The peer closed this lane (at a frame boundary).
     rx_eof: bool,
 }
@@ -89,6 +101,7 @@ impl Lane {
             rx_begun: false,
             rx_read: 0,
             rx_stash: false,
+            timed_out_at: Cell::new(None),
             rx_eof: false,
         }
     }
@@ -687,22 +700,42 @@ impl Lanes {
 
     /// Why the peer's host looks gone, if it does: a lane has bytes out
     /// that [`LOST_AFTER_TIMEOUTS`] retransmission timeouts in a row have
-    /// not got acknowledged. A host that is up acknowledges whatever its
-    /// process is doing, also when its buffers are full and its window
-    /// closed (then nothing is in flight and no retransmission timer runs),
-    /// so this never takes a live rank that does not read for a while for
-    /// a dead one. (The kernel's `TCP_USER_TIMEOUT` would, which is why
-    /// it is not set: see [`super::connect::configure`].)
+    /// not got acknowledged, or that one has not for [`LOST_AFTER_SILENT`]
+    /// (seen by the clock of the calls here, which come every few tens of
+    /// milliseconds while a rank waits). A host that is up acknowledges
+    /// whatever its process is doing, also when its buffers are full and
+    /// its window closed (then nothing is in flight and no retransmission
+    /// timer runs), so this never takes a live rank that does not read for
+    /// a while for a dead one. (The kernel's `TCP_USER_TIMEOUT` would,
+    /// which is why it is not set: see [`super::connect::configure`].)
     pub(crate) fn host_silent(&self) -> Option<String> {
         self.lanes.iter().find_map(|l| {
             let u = sys::tcp_unacked(l.sock.as_raw_fd())?;
-            (u.segments > 0 && u.timeouts >= LOST_AFTER_TIMEOUTS).then(|| {
-                format!(
-                    "its host stopped acknowledging TCP data ({} retransmissions, nothing \
-                     acknowledged for {} ms): it is down or cut off",
-                    u.timeouts, u.since_ack_ms
-                )
-            })
+            if u.segments == 0 || u.timeouts == 0 {
+                l.timed_out_at.set(None);
+                return None;
+            }
+            let now = Instant::now();
+            let since = l.timed_out_at.get().unwrap_or(now);
+            l.timed_out_at.set(Some(since));
+            let standing = now - since;
+            // No acknowledgement came since the timeout was first seen
+            // (any would have reset the count, but a new timeout may have
+            // fired since).
+            let unbroken = u128::from(u.since_ack_ms) >= standing.as_millis();
+            if !unbroken {
+                l.timed_out_at.set(Some(now));
+            }
+            (u.timeouts >= LOST_AFTER_TIMEOUTS || (unbroken && standing >= LOST_AFTER_SILENT)).then(
+                || {
+                    format!(
+                        "its host stopped acknowledging TCP data ({} retransmissions, nothing \
+                         acknowledged for {} ms, retransmission timeout {} ms): it is down or \
+                         cut off",
+                        u.timeouts, u.since_ack_ms, u.rto_ms
+                    )
+                },
+            )
         })
     }
 
