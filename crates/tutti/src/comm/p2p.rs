@@ -5,7 +5,7 @@
 use super::{Communicator, Work};
 use crate::engine::Completion;
 use crate::error::{Error, Result};
-use crate::p2p::{Post, PostKind, RecvStatus, StatusCell};
+use crate::p2p::{Post, PostKind, RecvStatus};
 use crate::reduce::Element;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -96,20 +96,15 @@ unsafe impl Send for RawP2p {}
 /// arrived.
 #[derive(Debug)]
 pub struct P2pHandle {
-    status: Option<Arc<StatusCell>>,
+    /// A receive's completion, which holds its status.
+    recv: Option<Arc<Completion>>,
 }
 
 impl P2pHandle {
-    /// What the receive got (`None` for sends). Read it after the op's
-    /// [`Work`] completed without error.
+    /// What the receive got (`None` for sends, and before the op's
+    /// [`Work`] completed). Read it after the op completed without error.
     pub fn status(&self) -> Option<RecvStatus> {
-        self.status.as_ref().and_then(|s| s.get())
-    }
-}
-
-impl std::fmt::Debug for StatusCell {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("StatusCell")
+        self.recv.as_ref().and_then(|d| d.status())
     }
 }
 
@@ -119,14 +114,14 @@ impl std::fmt::Debug for StatusCell {
 pub struct Received<T> {
     /// The buffer; its first [`RecvStatus::bytes`] bytes hold the message.
     pub buf: Vec<T>,
-    status: Arc<StatusCell>,
+    done: Arc<Completion>,
 }
 
 impl<T> Received<T> {
     /// Who sent the message, its tag and its length.
     pub fn status(&self) -> RecvStatus {
-        self.status
-            .get()
+        self.done
+            .status()
             .expect("a message received without error has its status")
     }
 }
@@ -169,7 +164,6 @@ impl Communicator {
             tag: op.tag,
             timeout: timeout.unwrap_or(self.config().timeout),
             done: Arc::new(self.p2p.completion()),
-            status: (!op.send).then(|| Arc::new(StatusCell::default())),
         })
     }
 
@@ -186,24 +180,21 @@ impl Communicator {
         }
     }
 
-    /// Posts `ops` at once; each gets its completion and status.
-    fn post_all(
-        &self,
-        ops: &[RawP2p],
-        timeout: Option<Duration>,
-    ) -> Vec<(Arc<Completion>, Option<Arc<StatusCell>>)> {
+    /// Posts `ops` at once; each gets its completion (a receive's holds
+    /// its status).
+    fn post_all(&self, ops: &[RawP2p], timeout: Option<Duration>) -> Vec<Arc<Completion>> {
         let mut posts = Vec::with_capacity(ops.len());
         let mut out = Vec::with_capacity(ops.len());
         for op in ops {
             match self.post_of(op, timeout) {
                 Ok(p) => {
-                    out.push((p.done.clone(), p.status.clone()));
+                    out.push(p.done.clone());
                     posts.push(p);
                 }
                 Err(e) => {
                     let done = Arc::new(Completion::default());
                     done.complete(Err(e));
-                    out.push((done, None));
+                    out.push(done);
                 }
             }
         }
@@ -216,10 +207,10 @@ impl Communicator {
         let posted = self.post_all(ops, None);
         let mut first = None;
         let mut out = Vec::with_capacity(posted.len());
-        for (done, status) in posted {
+        for done in posted {
             let r = done.wait(None).expect("waiting without a deadline returns");
             match r {
-                Ok(()) => out.push(status.and_then(|s| s.get())),
+                Ok(()) => out.push(done.status()),
                 Err(e) => {
                     first.get_or_insert(e);
                     out.push(None);
@@ -249,7 +240,11 @@ impl Communicator {
     ) -> Vec<(Work<()>, P2pHandle)> {
         self.post_all(ops, timeout)
             .into_iter()
-            .map(|(done, status)| (Work::new(done, ()), P2pHandle { status }))
+            .zip(ops)
+            .map(|(done, op)| {
+                let recv = (!op.send).then(|| done.clone());
+                (Work::new(done, ()), P2pHandle { recv })
+            })
             .collect()
     }
 
@@ -347,7 +342,7 @@ impl Communicator {
         tag: u32,
     ) -> Work<Vec<T>> {
         let op = P2pOp::send(&buf, peer, tag).raw;
-        let (done, _) = self.post_all(&[op], None).pop().expect("one op");
+        let done = self.post_all(&[op], None).pop().expect("one op");
         // The vector's heap memory does not move when it moves into Work,
         // and Work keeps it alive (and blocks in drop) until the op is done.
         Work::new(done, buf)
@@ -366,7 +361,7 @@ impl Communicator {
         tag: u32,
     ) -> Work<Vec<T>> {
         let op = P2pOp::recv(&mut buf, peer, tag).raw;
-        let (done, _) = self.post_all(&[op], None).pop().expect("one op");
+        let done = self.post_all(&[op], None).pop().expect("one op");
         Work::new(done, buf)
     }
 
@@ -378,8 +373,7 @@ impl Communicator {
         tag: u32,
     ) -> Work<Received<T>> {
         let op = P2pOp::recv_from(&mut buf, src, tag).raw;
-        let (done, status) = self.post_all(&[op], None).pop().expect("one op");
-        let status = status.unwrap_or_default();
-        Work::new(done, Received { buf, status })
+        let done = self.post_all(&[op], None).pop().expect("one op");
+        Work::new(done.clone(), Received { buf, done })
     }
 }

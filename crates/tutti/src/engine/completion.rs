@@ -1,7 +1,7 @@
 //! [`Completion`]: how an op's result reaches the thread waiting for it.
 //!
 //! The op's side calls [`Completion::complete`] once; waiters read the
-//! result. Completing costs a store and, only when a waiter is actually
+//! result (and, for a receive, what it got: [`RecvStatus`]). Completing costs a store and, only when a waiter is actually
 //! asleep, one futex wake: an op finished while its waiter is still
 //! polling (the usual case for small messages) makes no system call.
 //!
@@ -40,6 +40,17 @@ pub(crate) trait Driver: Send + Sync {
     fn drive(&self, done: &Completion, deadline: Option<Instant>, first: bool);
 }
 
+/// What a receive got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvStatus {
+    /// The rank that sent the message.
+    pub source: usize,
+    /// Its tag.
+    pub tag: u32,
+    /// Its length in bytes (at most the receive buffer's).
+    pub bytes: usize,
+}
+
 /// Completion state shared between an async op and its [`Work`](crate::Work) handle.
 #[derive(Default)]
 pub(crate) struct Completion {
@@ -49,14 +60,18 @@ pub(crate) struct Completion {
     /// Written once, by the completer that set WRITING; read only once
     /// `state` is DONE.
     result: UnsafeCell<Option<Result<()>>>,
+    /// A receive's status, written and read as `result` is. (Here rather
+    /// than in a cell of its own: that would cost an allocation and a
+    /// lock per receive.)
+    status: UnsafeCell<Option<RecvStatus>>,
     driver: Option<Weak<dyn Driver>>,
 }
 
-// `result` is written by one thread only (the one whose exchange set
-// WRITING, which no other completer can then do) before the Release store
-// of DONE, and read only after an Acquire load sees DONE, after which
-// nobody writes it; every other field is Sync.
-// SAFETY: so sharing a Completion between threads never races on `result`.
+// `result` and `status` are written by one thread only (the one whose
+// exchange set WRITING, which no other completer can then do) before the
+// Release store of DONE, and read only after an Acquire load sees DONE,
+// after which nobody writes them; every other field is Sync.
+// SAFETY: so sharing a Completion between threads never races on them.
 unsafe impl Sync for Completion {}
 
 impl std::fmt::Debug for Completion {
@@ -78,6 +93,11 @@ impl Completion {
 
     /// Sets the result (the first one counts) and wakes sleeping waiters.
     pub(crate) fn complete(&self, r: Result<()>) {
+        self.complete_with(r, None)
+    }
+
+    /// [`complete`](Completion::complete), with what a receive got.
+    pub(crate) fn complete_with(&self, r: Result<()>, status: Option<RecvStatus>) {
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
             if cur == DONE || cur & WRITING != 0 {
@@ -96,7 +116,10 @@ impl Completion {
         }
         // SAFETY: this thread alone set WRITING, so it alone writes, and no
         // reader reads before DONE below.
-        unsafe { *self.result.get() = Some(r) };
+        unsafe {
+            *self.result.get() = Some(r);
+            *self.status.get() = status;
+        }
         // While WRITING, a waiter cannot announce a sleep (its exchange
         // expects RUNNING), so `cur` says whether one sleeps. Release: a
         // waiter that sees DONE sees the result.
@@ -109,6 +132,10 @@ impl Completion {
     /// Waits up to `timeout` (forever if `None`); `None` if still running.
     pub(crate) fn wait(&self, timeout: Option<Duration>) -> Option<Result<()>> {
         // A timeout too long to add to now (Duration::MAX, say) waits forever.
+        // Done already (an eager send, say): no clock, no driver.
+        if let Some(r) = self.result() {
+            return Some(r);
+        }
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let driver = self.driver.as_ref().and_then(|d| d.upgrade());
         let mut first = true;
@@ -155,6 +182,17 @@ impl Completion {
         if self.state.load(Ordering::Acquire) == DONE {
             // SAFETY: DONE is stored (Release) after the only write.
             unsafe { (*self.result.get()).clone() }
+        } else {
+            None
+        }
+    }
+
+    /// What a receive got, once it is done (`None` before, and for ops
+    /// that are not receives or failed before they matched a message).
+    pub(crate) fn status(&self) -> Option<RecvStatus> {
+        if self.is_done() {
+            // SAFETY: DONE is stored (Release) after the only write.
+            unsafe { *self.status.get() }
         } else {
             None
         }

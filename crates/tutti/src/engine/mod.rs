@@ -36,6 +36,7 @@ use crate::transport::shm::Doorbell;
 use crate::transport::tcp_io::IoSet;
 use crate::transport::{Link, LinkOps};
 pub use call::{Options, RawCall};
+pub use completion::RecvStatus;
 pub(crate) use completion::{Completion, Driver};
 use executor::Scratchpad;
 use online::{shape_of, Shape, ShapeKey};

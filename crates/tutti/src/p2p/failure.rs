@@ -101,12 +101,15 @@ impl State {
 
     /// Deadlines and liveness, at `now`.
     pub fn check(&mut self, now: Instant) {
-        let late: Vec<u64> = self
-            .ops
-            .iter()
-            .filter(|(_, o)| o.deadline <= now)
-            .map(|(&op, _)| op)
-            .collect();
+        let mut late = Vec::new();
+        for (&op, o) in self.ops.iter_mut() {
+            let d = *o
+                .deadline
+                .get_or_insert_with(|| crate::config::deadline_after(now, o.post.timeout));
+            if d <= now {
+                late.push(op);
+            }
+        }
         for op in late {
             self.time_out(op);
         }

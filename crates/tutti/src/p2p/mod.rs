@@ -33,8 +33,8 @@ mod peer;
 mod progress;
 mod wire;
 
+pub use crate::engine::RecvStatus;
 pub use eager::EAGER_BYTES;
-pub(crate) use progress::StatusCell;
 
 use crate::engine::{Completion, Driver};
 use crate::error::Error;
@@ -46,17 +46,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-/// What a receive got.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecvStatus {
-    /// The rank that sent the message.
-    pub source: usize,
-    /// Its tag.
-    pub tag: u32,
-    /// Its length in bytes (at most the receive buffer's).
-    pub bytes: usize,
-}
 
 /// What a post does.
 #[derive(Clone, Copy, Debug)]
@@ -75,9 +64,8 @@ pub(crate) struct Post {
     pub len: usize,
     pub tag: u32,
     pub timeout: Duration,
+    /// Completes the op; a receive's also says what it got.
     pub done: Arc<Completion>,
-    /// Receives: filled when the receive matches a message.
-    pub status: Option<Arc<StatusCell>>,
 }
 
 // SAFETY: the buffer behind `ptr` stays valid and untouched by its owner
