@@ -328,7 +328,8 @@ impl<'a, T: Val> Bench<'a, T> {
         if self.kind == CollKind::SendRecv {
             // Both directions at once, as NCCL's sendrecv test does in one
             // group: each rank posts its send to the next rank and its
-            // receive from the previous one, then waits for both.
+            // receive from the previous one, and the call returns when both
+            // have ended (`batch_isend_irecv` over these raw buffers).
             let ops = [
                 RawP2p {
                     send: true,
@@ -350,11 +351,9 @@ impl<'a, T: Val> Bench<'a, T> {
             for _ in 0..k {
                 // SAFETY: `self.send` and `self.recv` are valid for the lengths
                 // given, do not overlap, and `&mut self` keeps anything else
-                // from touching them until both ops are waited for below.
-                let posted = unsafe { self.comm.post_p2p_raw(&ops, self.opts.timeout) };
-                for (work, _) in posted {
-                    work.wait()?;
-                }
+                // from touching them until the call returns, both ops ended
+                // (the blocking call, as MPI_Sendrecv is).
+                unsafe { self.comm.run_p2p_raw(&ops, self.opts.timeout) }?;
             }
             return Ok(());
         }

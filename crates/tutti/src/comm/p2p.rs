@@ -5,7 +5,7 @@
 use super::{Communicator, Work};
 use crate::engine::Completion;
 use crate::error::{Error, Result};
-use crate::p2p::{Post, PostKind, RecvStatus};
+use crate::p2p::{Done, Post, PostKind, RecvStatus};
 use crate::reduce::Element;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -127,8 +127,9 @@ impl<T> Received<T> {
 }
 
 impl Communicator {
-    /// Checks `op` and makes its post (or the error it completes with).
-    fn post_of(&self, op: &RawP2p, timeout: Option<Duration>) -> Result<Post> {
+    /// Checks `op` and makes its post, completing through `done` (or the
+    /// error it completes with).
+    fn post_of(&self, op: &RawP2p, timeout: Option<Duration>, done: Done) -> Result<Post> {
         let n = self.size();
         let what = if op.send { "send" } else { "recv" };
         match op.peer {
@@ -163,7 +164,7 @@ impl Communicator {
             len: op.len,
             tag: op.tag,
             timeout: timeout.unwrap_or(self.config().timeout),
-            done: Arc::new(self.p2p.completion()),
+            done,
         })
     }
 
@@ -186,16 +187,11 @@ impl Communicator {
         let mut posts = Vec::with_capacity(ops.len());
         let mut out = Vec::with_capacity(ops.len());
         for op in ops {
-            match self.post_of(op, timeout) {
-                Ok(p) => {
-                    out.push(p.done.clone());
-                    posts.push(p);
-                }
-                Err(e) => {
-                    let done = Arc::new(Completion::default());
-                    done.complete(Err(e));
-                    out.push(done);
-                }
+            let done = Arc::new(self.p2p.completion());
+            out.push(done.clone());
+            match self.post_of(op, timeout, Done::One(done)) {
+                Ok(p) => posts.push(p),
+                Err(e) => out.last().expect("pushed").complete(Err(e)),
             }
         }
         self.p2p.post(posts);
@@ -203,24 +199,42 @@ impl Communicator {
     }
 
     /// Posts `ops` and waits for all of them; the first error, if any.
-    fn run_p2p(&self, ops: &[RawP2p]) -> Result<Vec<Option<RecvStatus>>> {
-        let posted = self.post_all(ops, None);
-        let mut first = None;
-        let mut out = Vec::with_capacity(posted.len());
-        for done in posted {
-            let r = done.wait(None).expect("waiting without a deadline returns");
-            match r {
-                Ok(()) => out.push(done.status()),
-                Err(e) => {
-                    first.get_or_insert(e);
-                    out.push(None);
-                }
+    /// Their completions are one batch, waited on here: no allocation,
+    /// reference count or driver per op, which a small exchange would
+    /// feel (atomic read-modify-writes cost 5 ns or more each here).
+    fn run_p2p(
+        &self,
+        ops: &[RawP2p],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Option<RecvStatus>>> {
+        let batch: Arc<[Completion]> = ops.iter().map(|_| Completion::default()).collect();
+        let mut posts = Vec::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            match self.post_of(op, timeout, Done::Batch(batch.clone(), i)) {
+                Ok(p) => posts.push(p),
+                Err(e) => batch[i].complete(Err(e)),
             }
         }
-        match first {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+        self.p2p.post(posts);
+        self.p2p.wait_all(&batch)?;
+        Ok(batch.iter().map(Completion::status).collect())
+    }
+
+    /// [`batch_isend_irecv`](Communicator::batch_isend_irecv) over untyped
+    /// buffers: posts `ops` at once and returns once all of them have
+    /// ended (what each receive got; the first error, if any). `timeout`:
+    /// the ops' deadline (`None`: the communicator's).
+    ///
+    /// # Safety
+    /// Each op's buffer must be valid for `len` bytes (reads for sends,
+    /// writes for receives), and no receive's buffer may overlap another
+    /// op's, until this returns.
+    pub unsafe fn run_p2p_raw(
+        &self,
+        ops: &[RawP2p],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Option<RecvStatus>>> {
+        self.run_p2p(ops, timeout)
     }
 
     /// Posts untyped sends and receives at once, like torch's
@@ -281,7 +295,7 @@ impl Communicator {
         let raw: Vec<RawP2p> = ops.iter().map(|o| o.raw).collect();
         // The ops borrow their buffers until this returns, and it returns
         // only once every op has completed.
-        self.run_p2p(&raw)
+        self.run_p2p(&raw, None)
     }
 
     /// Sends `buf` to `peer` (tag 0), which receives it with

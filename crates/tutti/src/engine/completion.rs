@@ -131,19 +131,29 @@ impl Completion {
 
     /// Waits up to `timeout` (forever if `None`); `None` if still running.
     pub(crate) fn wait(&self, timeout: Option<Duration>) -> Option<Result<()>> {
-        // A timeout too long to add to now (Duration::MAX, say) waits forever.
         // Done already (an eager send, say): no clock, no driver.
         if let Some(r) = self.result() {
             return Some(r);
         }
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let driver = self.driver.as_ref().and_then(|d| d.upgrade());
+        self.wait_driving(driver.as_deref(), timeout)
+    }
+
+    /// [`wait`](Completion::wait), driving `driver` (instead of the
+    /// completion's own, if any) while it waits.
+    pub(crate) fn wait_driving(
+        &self,
+        driver: Option<&dyn Driver>,
+        timeout: Option<Duration>,
+    ) -> Option<Result<()>> {
+        // A timeout too long to add to now (Duration::MAX, say) waits forever.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut first = true;
         loop {
             if let Some(r) = self.result() {
                 return Some(r);
             }
-            if let Some(d) = &driver {
+            if let Some(d) = driver {
                 d.drive(self, deadline, first);
                 first = false;
                 if let Some(r) = self.result() {

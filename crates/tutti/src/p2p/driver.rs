@@ -128,7 +128,7 @@ impl Shared {
         if q.stop {
             drop(q);
             for p in posts {
-                p.done.complete(Err(Error::Aborted));
+                p.done.get().complete(Err(Error::Aborted));
             }
             return;
         }

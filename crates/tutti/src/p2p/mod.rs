@@ -65,7 +65,27 @@ pub(crate) struct Post {
     pub tag: u32,
     pub timeout: Duration,
     /// Completes the op; a receive's also says what it got.
-    pub done: Arc<Completion>,
+    pub done: Done,
+}
+
+/// Where a post's completion lives.
+pub(crate) enum Done {
+    /// Its own, shared with the op's [`Work`](crate::Work).
+    One(Arc<Completion>),
+    /// Entry `i` of its batch's, which a blocking call waits on
+    /// ([`P2p::run`]): one allocation for the batch, and no driver to
+    /// take at each wait.
+    Batch(Arc<[Completion]>, usize),
+}
+
+impl Done {
+    /// The completion.
+    pub(crate) fn get(&self) -> &Completion {
+        match self {
+            Done::One(c) => c,
+            Done::Batch(b, i) => &b[*i],
+        }
+    }
 }
 
 // SAFETY: the buffer behind `ptr` stays valid and untouched by its owner
@@ -117,11 +137,27 @@ impl P2p {
         }
         if let Err(e) = self.start() {
             for p in posts {
-                p.done.complete(Err(e.clone()));
+                p.done.get().complete(Err(e.clone()));
             }
             return;
         }
         self.shared.post(posts);
+    }
+
+    /// Waits for every completion of `batch` (whose posts went in with
+    /// [`post`](P2p::post)), moving the channel meanwhile as any waiter
+    /// does; the first error, if any, once all have ended.
+    pub(crate) fn wait_all(&self, batch: &[Completion]) -> crate::Result<()> {
+        let mut first = None;
+        for c in batch {
+            let r = c
+                .wait_driving(Some(&*self.shared), None)
+                .expect("waiting without a deadline returns");
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     /// Wakes the thread to see an abort.

@@ -366,7 +366,7 @@ impl State {
                 }),
                 _ => None,
             };
-            o.post.done.complete_with(r, status);
+            o.post.done.get().complete_with(r, status);
         }
     }
 }
