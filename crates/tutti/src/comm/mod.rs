@@ -130,8 +130,21 @@ pub(crate) fn start(
         pids,
         rank,
         direct,
-        // The progress thread is one more busy thread per rank.
-        config.spin_for(2 * ranks_here),
+        crate::p2p::Waits {
+            // The progress thread is one more busy thread per rank.
+            spin: config.spin_for(2 * ranks_here),
+            // Where ranks outnumber cores, a waiter lets the other rank on its
+            // core run almost at once: an exchange is one message each way,
+            // and the one it waits for is often that rank's to send. Send/Recv,
+            // 4 ranks on 2 cores, yielding after 2 idle rounds against 8 (7
+            // rounds, paired, two sittings): 8 B-32 KiB 0.67-1.07 and
+            // 0.75-1.06, most sizes below 0.95 (64 KiB 1.80 and 0.65: noise).
+            // With 2 ranks (which yield too, beside their progress threads) it
+            // measured 1.07-1.17 at 8-256 B in one sitting and 0.70-1.10 in
+            // another, so they keep 8; and for every wait alike, 4-rank
+            // Broadcast slowed by 1.04-1.42.
+            yield_after: if config.spin_for(ranks_here).1 { 2 } else { 8 },
+        },
         bell,
         engine.abort.clone(),
     );

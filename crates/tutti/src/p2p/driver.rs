@@ -60,12 +60,14 @@ pub(super) struct Shared {
     /// in flight (ring writes from peers ring it; posts ring it too).
     bell: Option<(Arc<Segment>, usize)>,
     spin: (Duration, bool),
+    /// Idle rounds a waiter that yields its core spins first.
+    yield_after: u32,
 }
 
 impl Shared {
     pub fn new(
         st: State,
-        spin: (Duration, bool),
+        waits: super::Waits,
         bell: Option<(Arc<Segment>, usize)>,
         abort: Arc<AtomicBool>,
     ) -> Shared {
@@ -78,7 +80,8 @@ impl Shared {
             drivers: AtomicUsize::new(0),
             abort,
             bell,
-            spin,
+            spin: waits.spin,
+            yield_after: waits.yield_after,
         }
     }
 
@@ -334,7 +337,7 @@ impl Shared {
         } else {
             (Duration::ZERO, self.spin.1)
         };
-        let mut backoff = Backoff::new(spin);
+        let mut backoff = Backoff::new(spin).yield_after(self.yield_after);
         while !done.is_done() {
             if self.round(&mut st) {
                 backoff.reset();

@@ -47,6 +47,17 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// How the channel's waiters poll: (how long before sleeping, whether to
+/// yield the core while polling), and, where they yield, after how many
+/// idle rounds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Waits {
+    /// How long to poll before sleeping, and whether to yield meanwhile.
+    pub spin: (Duration, bool),
+    /// Idle rounds of polling before the yields begin.
+    pub yield_after: u32,
+}
+
 /// What a post does.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum PostKind {
@@ -110,13 +121,13 @@ impl P2p {
         pids: Vec<Option<i32>>,
         rank: usize,
         direct_bytes: usize,
-        spin: (Duration, bool),
+        waits: Waits,
         bell: Option<(Arc<Segment>, usize)>,
         abort: Arc<AtomicBool>,
     ) -> P2p {
         let st = State::new(links, pids, rank, direct_bytes);
         P2p {
-            shared: Arc::new(Shared::new(st, spin, bell, abort)),
+            shared: Arc::new(Shared::new(st, waits, bell, abort)),
             thread: Mutex::new(None),
             started: AtomicBool::new(false),
         }

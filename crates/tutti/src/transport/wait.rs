@@ -45,6 +45,8 @@ pub(crate) struct Backoff {
     since: Option<Instant>,
     spin_for: Duration,
     yield_while_polling: bool,
+    /// Idle rounds that spin before the yields begin.
+    yield_after: u32,
     spent: bool,
 }
 
@@ -60,8 +62,15 @@ impl Backoff {
             since: None,
             spin_for: spin.0,
             yield_while_polling: spin.1,
+            yield_after: 8,
             spent: false,
         }
+    }
+
+    /// Yields (where it yields at all) from the `n`-th idle round on.
+    pub(crate) fn yield_after(mut self, n: u32) -> Self {
+        self.yield_after = n;
+        self
     }
 
     /// Something moved, or a sleep woke with work to do: poll afresh (a
@@ -101,7 +110,7 @@ impl Backoff {
         };
         if !polling {
             self.spent = true;
-        } else if self.yield_while_polling && self.idle > 8 {
+        } else if self.yield_while_polling && self.idle > self.yield_after {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
