@@ -3,8 +3,9 @@
 # SECONDS (default 60) and prints its executions; exits non-zero on a crash
 # (the input is saved under fuzz/artifacts/TARGET/). Targets: store_request
 # (the bootstrap store's frame and request decoders), tcp_message (the TCP
-# transport's receive path) and tcp_lanes (the same on a link of several
-# sockets). The corpus grows in fuzz/corpus/TARGET (not
+# transport's receive path), tcp_lanes (the same on a link of several
+# sockets) and tcp_stream (point-to-point's link: messages of variable
+# length on one socket). The corpus grows in fuzz/corpus/TARGET (not
 # committed), seeded from fuzz/seeds/TARGET.
 #
 # cargo-fuzz needs nightly-only compiler flags (-Z sanitizer=address, ...):
@@ -15,7 +16,7 @@ set -euo pipefail
 secs=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(store_request tcp_message tcp_lanes)
+[ ${#targets[@]} -gt 0 ] || targets=(store_request tcp_message tcp_lanes tcp_stream)
 cd "$(dirname "$0")"
 
 if ! cargo fuzz --version > /dev/null 2>&1; then

@@ -7,8 +7,8 @@
 
 use std::io::Cursor;
 use tutti::fuzzing::{
-    lane_frame_header, parse_request, probe_header, read_frame, tcp_receive, tcp_receive_lanes,
-    valid_header, Request, LANES_CHUNK, MAX_FRAME,
+    lane_frame_header, p2p_header, parse_request, probe_header, read_frame, tcp_receive,
+    tcp_receive_lanes, tcp_receive_var_len, valid_header, Request, LANES_CHUNK, MAX_FRAME,
 };
 
 /// `data` as a store request payload, then as a stream of `[u32 len][payload]`
@@ -220,5 +220,87 @@ pub fn tcp_lanes(data: &[u8]) {
             mode == 0 || !well_formed,
             "refused a well-formed striped message of {len} bytes: {e}"
         ),
+    }
+}
+
+/// Point-to-point messages of variable length on one socket, received one
+/// after the other as point-to-point does (the header says each one's
+/// length, at most the receive's; a read may take the start of the next
+/// messages, which must then come out as themselves). `data[0]`: the
+/// largest message, `(data[0] % 64 + 1) * 256` bytes (256 B to 16 KiB);
+/// `data[1] % 4` picks how the rest becomes the bytes on the wire:
+/// 0: raw (judged only by the limit: no message over it, no panic, no hang);
+/// 1: messages, two bytes of the rest each: their length is the two as a
+///    u16 modulo the largest plus one, a probe goes in front when the two
+///    xor to an odd value, and the payload bytes follow from the message's
+///    number and place (up to 16 messages);
+/// 2: as 1, with one header byte of message `rest[0] % count` xored with a
+///    nonzero value: the messages before it must still come out whole;
+/// 3: as 1, the last message one byte over the largest: the ones before it
+///    come out whole, then a mismatch.
+pub fn tcp_stream(data: &[u8]) {
+    if data.len() < 2 {
+        return;
+    }
+    let max = (data[0] as usize % 64 + 1) * 256;
+    let mode = data[1] % 4;
+    let rest = &data[2..];
+    if mode == 0 {
+        let (got, _) = tcp_receive_var_len(rest, max, 8);
+        assert!(got.len() <= 8 && got.iter().all(|m| m.len() <= max));
+        return;
+    }
+    let count = (rest.len() / 2).min(16);
+    if count == 0 {
+        return;
+    }
+    let mut msgs: Vec<Vec<u8>> = Vec::new();
+    let mut wire = Vec::new();
+    let mut starts = Vec::new();
+    for j in 0..count {
+        let (a, b) = (rest[2 * j], rest[2 * j + 1]);
+        let mut len = u16::from_le_bytes([a, b]) as usize % (max + 1);
+        if mode == 3 && j + 1 == count {
+            len = max + 1;
+        }
+        let payload: Vec<u8> = (0..len).map(|i| (j * 31 + i * 7) as u8).collect();
+        if (a ^ b) & 1 == 1 {
+            wire.extend_from_slice(&probe_header());
+        }
+        starts.push(wire.len());
+        wire.extend_from_slice(&p2p_header(len, j as u32));
+        wire.extend_from_slice(&payload);
+        msgs.push(payload);
+    }
+    let mut whole = count;
+    if mode == 2 {
+        let k = rest[0] as usize % count;
+        let at = starts[k] + rest[1] as usize % 16;
+        let x = rest.get(2 * count).copied().unwrap_or(0x5a) | 1;
+        wire[at] ^= x;
+        whole = k;
+    }
+    if mode == 3 {
+        whole = count - 1;
+    }
+    let (got, err) = tcp_receive_var_len(&wire, max, count);
+    if let Some(tutti::Error::Io { ctx, .. }) = &err {
+        if ["bind", "addr", "connect", "accept"].contains(&ctx.as_str()) {
+            return;
+        }
+    }
+    assert!(got.len() <= count && got.iter().all(|m| m.len() <= max));
+    assert!(
+        got.len() >= whole && got[..whole] == msgs[..whole],
+        "mode {mode}: {} of the first {whole} messages came out whole (error: {err:?})",
+        got.iter().zip(&msgs).take_while(|(g, m)| g == m).count()
+    );
+    match mode {
+        1 => assert!(err.is_none() && got.len() == count, "{err:?}"),
+        3 => assert!(
+            matches!(err, Some(tutti::Error::Mismatch { .. })),
+            "a message over the limit: {err:?}"
+        ),
+        _ => {}
     }
 }

@@ -44,6 +44,105 @@ fn receive_one(link: &mut TcpLink, expect_len: usize, reduce: bool) -> Result<Ve
     Ok(dst)
 }
 
+/// Like [`tcp_receive`], for the point-to-point link (one socket), whose
+/// messages have variable length: `bytes` arrive (written by a thread of
+/// their own, then the socket closes) and up to `count` messages of at
+/// most `max_len` bytes each are received from them, one after the other,
+/// as point-to-point receives them. Returns the messages received, and the
+/// error that stopped the stream before `count` if any.
+pub fn tcp_receive_var_len(
+    bytes: &[u8],
+    max_len: usize,
+    count: usize,
+) -> (Vec<Vec<u8>>, Option<crate::Error>) {
+    let setup = || -> Result<(TcpStream, TcpStream)> {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| crate::Error::io("bind", e))?;
+        let addr = l.local_addr().map_err(|e| crate::Error::io("addr", e))?;
+        let tx = TcpStream::connect(addr).map_err(|e| crate::Error::io("connect", e))?;
+        let (rx, _) = l.accept().map_err(|e| crate::Error::io("accept", e))?;
+        Ok((tx, rx))
+    };
+    let (tx, rx) = match setup() {
+        Ok(p) => p,
+        Err(e) => return (Vec::new(), Some(e)),
+    };
+    let bytes = bytes.to_vec();
+    let writer = std::thread::spawn(move || {
+        let mut tx = tx;
+        let _ = tx.write_all(&bytes);
+    });
+    let mut got = Vec::new();
+    let err = match TcpLink::new(vec![rx], 1, crate::transport::tcp::DEFAULT_CHUNK) {
+        Err(e) => Some(e),
+        Ok(mut link) => {
+            let mut cx = p2p_cx();
+            let mut dst = vec![0u8; max_len];
+            let mut err = None;
+            for _ in 0..count {
+                let mut m = RecvMsg::new(dst.as_mut_ptr(), None, max_len);
+                m.var_len = true;
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                let r = loop {
+                    if let Err(e) = crate::transport::LinkOps::recv(&mut link, &mut m, &mut cx) {
+                        break Err(e);
+                    }
+                    if m.done {
+                        break Ok(());
+                    }
+                    if std::time::Instant::now() > deadline {
+                        break Err(crate::Error::arg("fuzz harness: no progress"));
+                    }
+                };
+                match r {
+                    Ok(()) if m.len > max_len => {
+                        err = Some(crate::Error::Internal(format!(
+                            "the link took a message of {} bytes into a receive of {max_len}",
+                            m.len
+                        )));
+                        break;
+                    }
+                    Ok(()) => got.push(dst[..m.len].to_vec()),
+                    Err(e) => {
+                        err = Some(e);
+                        break;
+                    }
+                }
+            }
+            err
+        }
+    };
+    let _ = writer.join();
+    (got, err)
+}
+
+/// The 16-byte header of message `n` (counted from 0 on its link) of the
+/// point-to-point channel, `len` bytes long ([`tcp_receive_var_len`]).
+pub fn p2p_header(len: usize, n: u32) -> [u8; 16] {
+    let h = crate::transport::Header {
+        seq: crate::transport::P2P_SEQ,
+        tag: p2p_cx().tag,
+        flags: crate::transport::msg_flags(n),
+        len: len as u64,
+    };
+    bytemuck::cast(h)
+}
+
+fn p2p_cx() -> StepCx {
+    StepCx {
+        rank: 0,
+        seq: 0,
+        coll_seq: crate::transport::P2P_SEQ,
+        tag: crate::transport::make_tag(crate::CollKind::SendRecv, DataType::U8, ReduceOp::Sum, 0),
+        op_name: "send/recv",
+        dtype: DataType::U8,
+        op: ReduceOp::Sum,
+        elem: 1,
+        direct_bytes: usize::MAX,
+        stream: false,
+        bounce: Vec::new(),
+    }
+}
+
 /// Frame size of the multi-lane harness ([`tcp_receive_lanes`]).
 pub const LANES_CHUNK: usize = 4096;
 

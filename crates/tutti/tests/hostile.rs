@@ -380,6 +380,23 @@ fn fuzz_fallback_tcp_lanes() {
     println!("tcp_lanes fallback: {n} inputs in {:?}", t.elapsed());
 }
 
+#[test]
+fn fuzz_fallback_tcp_stream() {
+    let mut rng = Rng(seed() ^ 0x5713);
+    let t = Instant::now();
+    let n = iters(1000);
+    for i in 0..n {
+        let mut b = vec![rng.next() as u8, (i % 4) as u8];
+        let body = rng.below(40) as usize;
+        b.extend(rng.bytes(body));
+        if i % 8 == 0 {
+            mutate(&mut rng, &mut b);
+        }
+        fuzz_bodies::tcp_stream(&b);
+    }
+    println!("tcp_stream fallback: {n} inputs in {:?}", t.elapsed());
+}
+
 fn mutate(rng: &mut Rng, b: &mut Vec<u8>) {
     match rng.below(5) {
         0 if !b.is_empty() => {
