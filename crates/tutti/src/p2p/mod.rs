@@ -84,7 +84,7 @@ pub(crate) enum Done {
     /// Its own, shared with the op's [`Work`](crate::Work).
     One(Arc<Completion>),
     /// Entry `i` of its batch's, which a blocking call waits on
-    /// ([`P2p::run`]): one allocation for the batch, and no driver to
+    /// ([`P2p::wait_all`]): one allocation for the batch, and no driver to
     /// take at each wait.
     Batch(Arc<[Completion]>, usize),
 }
