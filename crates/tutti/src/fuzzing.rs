@@ -128,19 +128,7 @@ pub fn p2p_header(len: usize, n: u32) -> [u8; 16] {
 }
 
 fn p2p_cx() -> StepCx {
-    StepCx {
-        rank: 0,
-        seq: 0,
-        coll_seq: crate::transport::P2P_SEQ,
-        tag: crate::transport::make_tag(crate::CollKind::SendRecv, DataType::U8, ReduceOp::Sum, 0),
-        op_name: "send/recv",
-        dtype: DataType::U8,
-        op: ReduceOp::Sum,
-        elem: 1,
-        direct_bytes: usize::MAX,
-        stream: false,
-        bounce: Vec::new(),
-    }
+    StepCx::point_to_point(0, usize::MAX, Vec::new())
 }
 
 /// Frame size of the multi-lane harness ([`tcp_receive_lanes`]).

@@ -19,8 +19,7 @@ use super::peer::{Body, Offer, Out, Peer};
 use super::wire::{Ctrl, Kind, CTRL_BYTES};
 use super::{Post, PostKind, RecvStatus};
 use crate::error::{Error, Result};
-use crate::reduce::{DataType, ReduceOp};
-use crate::transport::{make_tag, Link, LinkOps, SendMsg, StepCx, P2P_SEQ};
+use crate::transport::{Link, LinkOps, SendMsg, StepCx};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -116,28 +115,15 @@ impl State {
             next_op: 0,
             posted: Vec::new(),
             arrivals: 0,
-            cx: StepCx {
+            cx: StepCx::point_to_point(
                 rank,
-                seq: 0,
-                coll_seq: P2P_SEQ,
-                tag: make_tag(
-                    crate::algo::CollKind::SendRecv,
-                    DataType::U8,
-                    ReduceOp::Sum,
-                    0,
-                ),
-                op_name: "send/recv",
-                dtype: DataType::U8,
-                op: ReduceOp::Sum,
-                elem: 1,
                 direct_bytes,
-                stream: false,
-                bounce: if direct_bytes == usize::MAX {
+                if direct_bytes == usize::MAX {
                     Vec::new()
                 } else {
                     vec![0; 256 << 10]
                 },
-            },
+            ),
             last_liveness: Instant::now(),
             longest: Duration::ZERO,
             rounds: 0,

@@ -243,6 +243,29 @@ pub(crate) struct StepCx {
 }
 
 impl StepCx {
+    /// The context of point-to-point messages on `rank`: bytes under the
+    /// Send/Recv tag and [`P2P_SEQ`], direct from `direct_bytes` up.
+    pub(crate) fn point_to_point(rank: usize, direct_bytes: usize, bounce: Vec<u8>) -> StepCx {
+        StepCx {
+            rank,
+            seq: 0,
+            coll_seq: P2P_SEQ,
+            tag: make_tag(
+                crate::algo::CollKind::SendRecv,
+                DataType::U8,
+                ReduceOp::Sum,
+                0,
+            ),
+            op_name: "send/recv",
+            dtype: DataType::U8,
+            op: ReduceOp::Sum,
+            elem: 1,
+            direct_bytes,
+            stream: false,
+            bounce,
+        }
+    }
+
     /// Checks an incoming header against what this rank expects: the `n`-th
     /// message on the link from `peer`, of `len` bytes, for this op.
     pub(crate) fn check_header(&self, h: &Header, len: usize, peer: usize, n: u32) -> Result<()> {

@@ -3,7 +3,6 @@
 
 use super::{close_gracefully, TcpLink, DEFAULT_CHUNK};
 use crate::error::{Error, Result};
-use crate::reduce::{DataType, ReduceOp};
 use crate::transport::LinkOps;
 use crate::transport::{msg_flags, Header, RecvMsg, SendMsg, StepCx, HEADER_BYTES, P2P_SEQ};
 use std::io::{self, Write};
@@ -24,26 +23,14 @@ fn pairs(k: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
 }
 
 fn cx() -> StepCx {
-    StepCx {
-        rank: 0,
-        seq: 0,
-        coll_seq: P2P_SEQ,
-        tag: 7,
-        op_name: "send/recv",
-        dtype: DataType::U8,
-        op: ReduceOp::Sum,
-        elem: 1,
-        direct_bytes: usize::MAX,
-        stream: false,
-        bounce: vec![0; 4096],
-    }
+    StepCx::point_to_point(0, usize::MAX, vec![0; 4096])
 }
 
 /// A frame of message `n` (total `len` bytes) at `off`, with `payload`.
 fn frame(n: u32, len: usize, off: usize, payload: &[u8]) -> Vec<u8> {
     let h = Header {
         seq: P2P_SEQ,
-        tag: 7,
+        tag: cx().tag,
         flags: msg_flags(n),
         len: len as u64,
     };
@@ -485,7 +472,7 @@ fn var_len_messages_longer_than_the_receive_are_mismatches() {
     let mut link = TcpLink::new(rx, 1, chunk).unwrap();
     let h = Header {
         seq: P2P_SEQ,
-        tag: 7,
+        tag: cx().tag,
         flags: msg_flags(0),
         len: 101,
     };
