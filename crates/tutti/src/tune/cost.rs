@@ -250,6 +250,38 @@ pub fn predict_shared(
     Some(t + extra * handoffs(model, &scheds, elem, class, ring_bytes))
 }
 
+/// [`predict`] plus the processor time of every TCP message of every
+/// rank's schedule, shared by `cores`: the price where a host's ranks
+/// share cores over sockets (see `tune::price`). A message over loopback
+/// costs about its `alpha` of processor time (the system calls at both
+/// ends and the receiver's wake-up), which the simulation charges only to
+/// the critical path, as if every rank had a core of its own; with 4 ranks
+/// on 2 cores, a small AllReduce's 12 direct messages took 36-52 us a call
+/// where the tree's 6 took 31-40 (8 B-16 KiB, medians of 5 rounds,
+/// 2026-12-07), though the tree waits for 4 hand-offs in a row and direct
+/// for one. One host only.
+pub fn predict_sockets_shared(
+    model: &CostModel,
+    p: &Problem,
+    alg: Algorithm,
+    elem: usize,
+    class: &dyn Fn(usize, usize) -> LinkClass,
+    cores: f64,
+) -> Option<f64> {
+    let scheds = schedules(p, alg)?;
+    let t = simulate(model, &scheds, elem, class, None);
+    let messages = scheds
+        .iter()
+        .enumerate()
+        .flat_map(|(r, s)| s.steps.iter().map(move |st| (r, st)))
+        .filter(|(r, st)| {
+            st.send_peer()
+                .is_some_and(|q| class(*r, q) == LinkClass::Tcp)
+        })
+        .count();
+    Some(t + messages as f64 * model.tcp.alpha_us / cores.max(1.0))
+}
+
 /// The hand-offs on the critical path of `scheds` (every rank's schedule,
 /// on one host), in microseconds: their time when a message costs only its
 /// `alpha`, plus one more per `ring_bytes` of it (a sender that fills its

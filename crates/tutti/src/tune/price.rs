@@ -84,6 +84,13 @@ pub(super) fn price(p: &Problem, elem: usize, ctx: &TuneCtx, alg: Algorithm) -> 
             let extra = 1.0 / ctx.cpu_share - 1.0;
             return cost::predict_shared(&model, p, alg, elem, &class, ctx.ring_bytes, extra);
         }
+        if ctx.cpu_share < 1.0 && p.hosts.is_none() && ctx.tcp_only && p.vcounts.is_none() {
+            // Over sockets on shared cores, what a message costs the
+            // processors counts too: the host's cores share every rank's
+            // system calls, so fewer messages win at small sizes.
+            let cores = p.nranks as f64 * ctx.cpu_share;
+            return cost::predict_sockets_shared(&model, p, alg, elem, &class, cores);
+        }
         cost::predict(&model, p, alg, elem, &class)
     } else {
         let mut q = p.clone();

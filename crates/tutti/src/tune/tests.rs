@@ -217,6 +217,32 @@ fn shared_ctx() -> TuneCtx {
     ctx
 }
 
+/// Over sockets on shared cores a message's processor time counts: with 4
+/// ranks on 2 cores a small AllReduce costs the tree (6 messages) less than
+/// direct (12), which waits for one hand-off where the tree waits for 4;
+/// with a core per rank the critical path decides, and direct wins.
+#[test]
+fn sockets_on_shared_cores_price_every_message() {
+    let mut ctx = TuneCtx::single_host(4);
+    ctx.tcp_only = true;
+    ctx.mailbox = false;
+    ctx.model.tcp.alpha_us = 5.0;
+    let p = Problem::new(Collective::AllReduce, 4, 0, 2);
+    let both = |ctx: &TuneCtx| {
+        let d = price(&p, 4, ctx, Algorithm::Direct).unwrap();
+        let t = price(&p, 4, ctx, Algorithm::Tree).unwrap();
+        (d, t)
+    };
+    let (d, t) = both(&ctx);
+    assert!(d < t, "a core each: direct {d} us, tree {t} us");
+    ctx.cpu_share = 0.5;
+    let (ds, ts) = both(&ctx);
+    assert!(ts < ds, "2 cores: direct {ds} us, tree {ts} us");
+    // Direct's 12 messages of 5 us on 2 cores, beyond the simulation.
+    assert!((ds - d - 30.0).abs() < 1e-9, "{ds} {d}");
+    assert_ne!(choose_with(&p, 4, &ctx).algorithm, Algorithm::Direct);
+}
+
 /// Online tuning tries the pick a second time with streaming ring
 /// stores where ranks have a core each, share a host's rings, and the
 /// call has at least STREAM_MIN_BYTES; never where the algorithm is
