@@ -349,10 +349,9 @@ impl<'a, T: Val> Bench<'a, T> {
                 },
             ];
             for _ in 0..k {
-                // SAFETY: `self.send` and `self.recv` are valid for the lengths
-                // given, do not overlap, and `&mut self` keeps anything else
-                // from touching them until the call returns, both ops ended
-                // (the blocking call, as MPI_Sendrecv is).
+                // SAFETY: `self.send` and `self.recv` are valid for these lengths
+                // and do not overlap; `&mut self` keeps all else off them until
+                // this blocking call (as MPI_Sendrecv) returns, both ops ended.
                 unsafe { self.comm.run_p2p_raw(&ops, self.opts.timeout) }?;
             }
             return Ok(());
