@@ -124,8 +124,8 @@ fn pieces_across_the_wrap_streamed() {
     );
 }
 
-/// AllToAll whose buffers hold over 8 MiB a rank, so that its received
-/// messages of about 2 MiB are written with non-temporal stores
+/// AllToAll whose buffers hold just over `STREAM_FOOTPRINT` a rank, so that
+/// its received messages (a quarter of it) are written with non-temporal stores
 /// (`tutti::reduce::copy::STREAM_FOOTPRINT`), through a 64 KiB ring whose
 /// wrap point the pieces cross; then a call just under the footprint.
 #[test]

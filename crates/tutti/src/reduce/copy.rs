@@ -23,7 +23,7 @@
 //! ([`copy_stream`]).
 //!
 //! ```text
-//!  bytes:   0 ... 2 KiB ............... 1 MiB ........ 4 MiB ..........
+//!  bytes:   0 ... 2 KiB ............... 1 MiB ........ 8 MiB ..........
 //!  copy:    memcpy | vector loop (here)  | memcpy      | streaming loop
 //! ```
 
@@ -65,22 +65,24 @@ pub unsafe fn copy(src: *const u8, dst: *mut u8, n: usize) {
 /// destinations do not fit in the caches anyway, and a store that does not
 /// first read the line it writes saves a third of the memory traffic. 2
 /// ranks, 64 MiB AllGather, 6 alternations: 3.3-3.7 GB/s busbw against
-/// 1.8-2.8 with ordinary stores (docs/performance.md). From 4 MiB rather
-/// than 8: 2 ranks, calls of 8 MiB (messages of 4 MiB), 6 alternations,
-/// AllToAll 1303-2255 us against 1999-2453, AllGather 1186-1658 against
-/// 1445-2146, in every pair.
-pub const STREAM_MIN: usize = 4 << 20;
+/// 1.8-2.8 with ordinary stores (docs/performance.md). From 8 MiB, not 4:
+/// on this machine's 32 MiB last-level cache, a 2-rank AllGather of 8 MiB
+/// (messages and its own block of 4 MiB, 12 MiB of buffers a rank) took
+/// 377-502 us a call with ordinary stores against 609-690 streamed
+/// (`bench/before_after.sh`, two sittings of 5 and 7 rounds, paired
+/// 0.62 and 0.77), and AllToAll of 4 MiB 0.73 and 0.85.
+pub const STREAM_MIN: usize = 8 << 20;
 
 /// Received messages of at least [`STREAM_FOOTPRINT_MSG`] bytes are also
 /// written with non-temporal stores when the call's buffers on this rank
 /// (input and output, counted once where they are one) hold at least this
-/// many bytes: then the ranks sharing a last-level cache (16 MiB here, for
-/// 2 ranks) do not fit in it, whatever the size of each message. AllToAll
-/// of 4 MiB (2 ranks, messages of 2 MiB, 8 MiB of buffers per rank) took
-/// 387-397 us a call with streaming against 456-474 without, Open MPI
-/// 390-454 in the same rounds; AllGather of 4 MiB (6 MiB of buffers) was
-/// slower with its 2 MiB messages streamed, 568-607 us against 397-419.
-pub const STREAM_FOOTPRINT: usize = 8 << 20;
+/// many bytes: then 2 ranks sharing the last-level cache (32 MiB here) do
+/// not fit in it, whatever the size of each message. AllToAll of 16 MiB (2
+/// ranks, 32 MiB of buffers a rank) streams its messages of 8 MiB; one of 8
+/// MiB (messages of 4 MiB, 16 MiB of buffers) streams them by this rule.
+/// At 8 MiB rather than 16 the rule also streamed AllGather of 8 MiB (12
+/// MiB of buffers), 1.3-1.6x slower than with ordinary stores.
+pub const STREAM_FOOTPRINT: usize = 16 << 20;
 
 /// The smallest received message that [`STREAM_FOOTPRINT`] streams.
 pub const STREAM_FOOTPRINT_MSG: usize = 1 << 20;
