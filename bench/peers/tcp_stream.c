@@ -14,7 +14,12 @@
 // broadcast -n 2` time (the slower rank's loop).
 //
 //   gcc -O2 -o /tmp/tcp_stream bench/peers/tcp_stream.c
-//   /tmp/tcp_stream [SIZE=8] [ITERS=20000] [WINDOW=0] [REPS=5]
+//   /tmp/tcp_stream [SIZE=8] [ITERS=20000] [WINDOW=0] [REPS=5] [x]
+//
+// With a fifth argument `x`, both processes exchange instead: in each
+// iteration each sends SIZE bytes and then reads the other's SIZE bytes
+// (the pattern of a 2-rank AllReduce or Send/Recv), and the time per
+// iteration is printed; WINDOW is ignored.
 //
 // On loopback a send() carries the segment through the whole receive path
 // (the softirq runs on the sender's core), so the sender's cost per message
@@ -73,6 +78,8 @@ int main(int argc, char **argv) {
   long iters = argc > 2 ? strtol(argv[2], 0, 0) : 20000;
   long window = argc > 3 ? strtol(argv[3], 0, 0) : 0;
   int reps = argc > 4 ? atoi(argv[4]) : 5;
+  int exchange = argc > 5 && !strcmp(argv[5], "x");
+  if (exchange) window = 0;
   if (size == 0 || iters <= 0 || reps <= 0 || reps > 100 || window < 0) {
     fprintf(stderr, "usage: %s [SIZE>0] [ITERS>0] [WINDOW>=0] [REPS 1-100]\n", argv[0]);
     return 2;
@@ -98,6 +105,7 @@ int main(int argc, char **argv) {
       recv_all(fd, &ack, 1);              // the receiver is ready
       for (long i = 1; i <= iters; i++) {
         send_all(fd, buf, size);
+        if (exchange) recv_all(fd, buf, size);
         if (window && i % window == 0) recv_all(fd, &ack, 1);
       }
     }
@@ -112,6 +120,7 @@ int main(int argc, char **argv) {
     send_all(fd, &go, 1);
     double t0 = now();
     for (long i = 1; i <= iters; i++) {
+      if (exchange) send_all(fd, buf, size);
       recv_all(fd, buf, size);
       if (window && i % window == 0) send_all(fd, &go, 1);
     }
@@ -119,7 +128,7 @@ int main(int argc, char **argv) {
   }
   waitpid(pid, 0, 0);
   qsort(per + 1, (size_t)reps, sizeof per[0], cmpd);
-  printf("tcp_stream size=%zu iters=%ld window=%ld reps=%d median_us_per_msg=%.3f min=%.3f max=%.3f\n",
-         size, iters, window, reps, per[1 + reps / 2], per[1], per[reps]);
+  printf("tcp_stream%s size=%zu iters=%ld window=%ld reps=%d median_us_per_msg=%.3f min=%.3f max=%.3f\n",
+         exchange ? "_exchange" : "", size, iters, window, reps, per[1 + reps / 2], per[1], per[reps]);
   return 0;
 }

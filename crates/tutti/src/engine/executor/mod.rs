@@ -408,7 +408,16 @@ fn progress(
     for pi in 0..pad.peers.len() {
         let q = pad.peers[pi];
         let link = env.links[q].as_mut().expect("checked in execute");
-        // Receive first: a fused step's forward can then use what just arrived.
+        // Over a socket, sends whose bytes are all ready go first: they
+        // leave before this rank spends time on a receive (an empty `recv`
+        // costs about a microsecond, which the peer, waiting for these
+        // bytes, waits too). Then the receives, then every send: a fused
+        // step forwards what just arrived. (On shared memory a look at a
+        // ring costs next to nothing, and sending first measured 3-8%
+        // slower from 512 KiB to 8 MiB, 2 ranks.)
+        if link.sleep() == wait::Sleep::Poll {
+            moved |= send_ready(pad, link, env.cx, q, remaining, true)?;
+        }
         while let Some(&i) = pad.recvq[q].front() {
             let st = &mut pad.states[i as usize];
             if !st.started {
@@ -425,27 +434,43 @@ fn progress(
                 *remaining -= 1;
             }
         }
-        while let Some(&i) = pad.sendq[q].front() {
-            let st = &mut pad.states[i as usize];
-            if !st.started {
-                break;
-            }
-            if let (Some(s), Some(r)) = (st.send.as_mut(), st.recv.as_ref()) {
-                s.avail = r.got;
-            }
-            let m = st.send.as_mut().expect("sending step has a SendMsg");
-            moved |= link.send(m, env.cx)?;
-            if !m.done {
-                break;
-            }
-            pad.sendq[q].pop_front();
-            if st.recv.as_ref().is_none_or(|r| r.done) {
-                st.done = true;
-                *remaining -= 1;
-            }
-        }
+        moved |= send_ready(pad, link, env.cx, q, remaining, false)?;
     }
     moved |= advance_chains(pad, env.cx, remaining);
+    Ok(moved)
+}
+
+/// Moves the sends queued for peer `q` as far as their ready bytes and
+/// the link allow, in order; with `ready_only`, only up to the first that
+/// forwards what its step still receives. Returns whether anything moved.
+fn send_ready(
+    pad: &mut Scratchpad,
+    link: &mut Link,
+    cx: &mut StepCx,
+    q: usize,
+    remaining: &mut usize,
+    ready_only: bool,
+) -> Result<bool> {
+    let mut moved = false;
+    while let Some(&i) = pad.sendq[q].front() {
+        let st = &mut pad.states[i as usize];
+        if !st.started || (ready_only && st.recv.as_ref().is_some_and(|r| !r.done)) {
+            break;
+        }
+        if let (Some(s), Some(r)) = (st.send.as_mut(), st.recv.as_ref()) {
+            s.avail = r.got;
+        }
+        let m = st.send.as_mut().expect("sending step has a SendMsg");
+        moved |= link.send(m, cx)?;
+        if !m.done {
+            break;
+        }
+        pad.sendq[q].pop_front();
+        if st.recv.as_ref().is_none_or(|r| r.done) {
+            st.done = true;
+            *remaining -= 1;
+        }
+    }
     Ok(moved)
 }
 
