@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
   int exchange = argc > 5 && !strcmp(argv[5], "x");
   if (exchange) window = 0;
   if (size == 0 || iters <= 0 || reps <= 0 || reps > 100 || window < 0) {
-    fprintf(stderr, "usage: %s [SIZE>0] [ITERS>0] [WINDOW>=0] [REPS 1-100]\n", argv[0]);
+    fprintf(stderr, "usage: %s [SIZE>0] [ITERS>0] [WINDOW>=0] [REPS 1-100] [x]\n", argv[0]);
     return 2;
   }
   int ls = socket(AF_INET, SOCK_STREAM, 0);
