@@ -30,9 +30,8 @@ use std::sync::atomic::AtomicBool;
 
 /// Bytes of its next slot a scatter's root claims ahead
 /// ([`Mailbox::prefetch_own_next`](mailbox::Mailbox::prefetch_own_next)):
-/// the header's line and 31 more, as every writer did before it could
-/// claim whole slots.
-const SCATTER_CLAIM: usize = 2048 - 16;
+/// the lines every writer claimed before it could claim whole slots.
+const SCATTER_CLAIM: usize = mailbox::PREFETCH_PAYLOAD;
 
 /// What the one-shot body ([`one_shot`]) does to memory: over the
 /// mailboxes ([`Live`]), or symbolically in the tests.

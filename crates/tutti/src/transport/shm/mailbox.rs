@@ -71,6 +71,9 @@ const PREFETCH_LINES: usize = 32;
 const OWN_PREFETCH_LINES: usize = 128;
 /// Bytes of a slot's header (`seq`, `meta`).
 const SLOT_HDR: usize = 16;
+/// The payload bytes that [`PREFETCH_LINES`] cover after the header: what
+/// [`Mailbox::prefetch_own_next`] claims of a slot at the least.
+pub(crate) const PREFETCH_PAYLOAD: usize = PREFETCH_LINES * 64 - SLOT_HDR;
 /// Bytes from one slot to the next: header and payload, rounded to 128 so
 /// that no two slots share a cache line or an adjacent-line prefetch pair.
 pub(crate) const SLOT_STRIDE: usize = (SLOT_HDR + MBOX_BYTES).div_ceil(128) * 128;
