@@ -2,7 +2,7 @@
 //! ([`Lanes`]), shared by the inline link and the I/O thread; and the
 //! graceful close of a communicator's links.
 
-use super::connect::configure;
+use super::connect::{configure, same_host};
 use super::framing::{is_ahead, nop_bytes, Expect, FrameSet, Framing, RxError, Sink};
 use super::framing::{FRAME_HDR_MAX, MAX_LANES, NOP};
 use crate::error::Result;
@@ -136,6 +136,8 @@ pub(crate) struct Lanes {
     /// [`Expect::var_len`]).
     rx: FrameSet,
     rx_len: usize,
+    /// The peer is on another host ([`Lanes::host_silent`] looks only there).
+    remote: bool,
 }
 
 /// The longest a communicator's close waits for its TCP peers to
@@ -240,8 +242,10 @@ impl Lanes {
             configure(s, framing)?;
         }
         let hb = framing.hdr_bytes();
+        let remote = !same_host(&socks[0]);
         Ok(Lanes {
             framing,
+            remote,
             lanes: socks.into_iter().map(|s| Lane::new(s, hb)).collect(),
             tx_frames: 0,
             tx_next: 0,
@@ -708,8 +712,9 @@ impl Lanes {
     /// timer runs), so this never takes a live rank that does not read for
     /// a while for a dead one. (The kernel's `TCP_USER_TIMEOUT` would,
     /// which is why it is not set: see [`super::connect::configure`].)
+    /// A peer on this host is never taken for gone: its kernel is ours.
     pub(crate) fn host_silent(&self) -> Option<String> {
-        self.lanes.iter().find_map(|l| {
+        self.lanes.iter().filter(|_| self.remote).find_map(|l| {
             let u = sys::tcp_unacked(l.sock.as_raw_fd())?;
             if u.segments == 0 || u.timeouts == 0 {
                 l.timed_out_at.set(None);
