@@ -810,3 +810,108 @@ rank_test!(
     2,
     refused_after_timeout
 );
+
+/// Blocking exchanges of one send and one receive (the lean lane's
+/// case), round after round, each round a shift by a random distance with
+/// a random tag and length (empty, inside a frame, eager, rendezvous), and
+/// around them what makes the lean lane give way to the usual path: a
+/// message of another tag arriving first, a peer that is late (the
+/// receiver's spin runs out), a send still pending, receives of at most
+/// the buffer (`recv_from`), and a receive too long for its message.
+/// Every message is checked; the communicator stays usable.
+fn exchanges(c: &Communicator, _: &Ctx) {
+    let (n, r) = (c.size(), c.rank());
+    // The same plan on every rank.
+    let mut seed = 0x1ea4_u64;
+    let mut next = move || {
+        seed = common::data::mix64(seed.wrapping_add(0x9e37_79b9_7f4a_7c15));
+        seed
+    };
+    const LENS: [usize; 9] = [0, 1, 8, 100, 1000, 1024, 1025, 4096, EAGER_BYTES + 1];
+    for k in 0..300usize {
+        let shift = 1 + (next() % (n as u64 - 1)) as usize;
+        let tag = (next() % 2) as u32;
+        let len = LENS[(next() % LENS.len() as u64) as usize];
+        let event = next() % 8;
+        let (dst, src) = ((r + shift) % n, (r + n - shift) % n);
+        let out = message(k * n + r, len);
+        let mut inp = vec![0u8; len];
+        // 1: another tag first, received after the exchange.
+        if event == 1 {
+            c.send_tagged(&message(k, 5), dst, 7)
+                .expect("the other tag");
+        }
+        // 2: this round's sender is late.
+        if event == 2 && r == k % n {
+            std::thread::sleep(std::time::Duration::from_millis(3));
+        }
+        // 3: a send still pending during the exchange.
+        let pending = (event == 3).then(|| c.send_tagged_async(message(k, 9), dst, 8));
+        let got = if event == 4 {
+            // At most the buffer: a longer one, told how much came.
+            let mut wide = vec![0u8; len + 16];
+            let st = c
+                .batch_isend_irecv(vec![
+                    P2pOp::recv_from(&mut wide, Some(src), tag),
+                    P2pOp::send(&out, dst, tag),
+                ])
+                .expect("exchange");
+            let st = st[0].expect("a receive's status");
+            assert_eq!((st.source, st.tag, st.bytes), (src, tag, len));
+            wide.truncate(len);
+            wide
+        } else {
+            let st = c
+                .batch_isend_irecv(vec![
+                    P2pOp::send(&out, dst, tag),
+                    P2pOp::recv(&mut inp, src, tag),
+                ])
+                .expect("exchange");
+            assert!(st[0].is_none());
+            let st = st[1].expect("a receive's status");
+            assert_eq!((st.source, st.tag, st.bytes), (src, tag, len));
+            inp
+        };
+        check_from(&got, k * n + src);
+        if let Some(w) = pending {
+            w.wait().expect("pending send");
+            let mut b = [0u8; 9];
+            c.recv_tagged(&mut b, src, 8).expect("pending message");
+            check_from(&b, k);
+        }
+        if event == 1 {
+            let mut b = [0u8; 5];
+            c.recv_tagged(&mut b, src, 7).expect("the other tag");
+            check_from(&b, k);
+        }
+    }
+    // An exact receive two bytes too long for its message: it fails alone
+    // (the eager send has completed), and both go on.
+    let out = message(r, 10);
+    let mut inp = [0u8; 12];
+    let res = c.batch_isend_irecv(vec![
+        P2pOp::send(&out, (r + 1) % n, 4),
+        P2pOp::recv(&mut inp, (r + n - 1) % n, 4),
+    ]);
+    assert!(
+        matches!(
+            res,
+            Err(Error::SizeMismatch {
+                message: 10,
+                buffer: 12,
+                ..
+            })
+        ),
+        "{res:?}"
+    );
+    let mut x = [1u32; 2];
+    c.all_reduce(&mut x, ReduceOp::Sum)
+        .expect("a collective after");
+    assert_eq!(x, [n as u32; 2]);
+    assert_eq!(c.error().map(|e| e.to_string()), None);
+}
+
+rank_test!(exchanges_local_3, Transport::Local, 3, exchanges);
+rank_test!(exchanges_shm_2, Transport::Shm, 2, exchanges);
+rank_test!(exchanges_shm_4, Transport::Shm, 4, exchanges);
+rank_test!(exchanges_tcp_3, Transport::Tcp, 3, exchanges);

@@ -130,6 +130,28 @@ impl Communicator {
     /// Checks `op` and makes its post, completing through `done` (or the
     /// error it completes with).
     fn post_of(&self, op: &RawP2p, timeout: Option<Duration>, done: Done) -> Result<Post> {
+        self.check_op(op)?;
+        Ok(Post {
+            kind: if op.send {
+                PostKind::Send {
+                    peer: op.peer.expect("checked above"),
+                }
+            } else {
+                PostKind::Recv {
+                    src: op.peer,
+                    exact: op.exact,
+                }
+            },
+            ptr: op.ptr,
+            len: op.len,
+            tag: op.tag,
+            timeout: timeout.unwrap_or(self.config().timeout),
+            done,
+        })
+    }
+
+    /// The error of a malformed op, if it is.
+    fn check_op(&self, op: &RawP2p) -> Result<()> {
         let n = self.size();
         let what = if op.send { "send" } else { "recv" };
         match op.peer {
@@ -149,23 +171,57 @@ impl Communicator {
                 op.len
             )));
         }
-        Ok(Post {
-            kind: if op.send {
-                PostKind::Send {
-                    peer: op.peer.expect("checked above"),
-                }
-            } else {
-                PostKind::Recv {
-                    src: op.peer,
-                    exact: op.exact,
-                }
-            },
-            ptr: op.ptr,
-            len: op.len,
-            tag: op.tag,
-            timeout: timeout.unwrap_or(self.config().timeout),
-            done,
-        })
+        Ok(())
+    }
+
+    /// A blocking exchange of one send and one receive, each with its
+    /// peer, by the lean lane ([`crate::p2p::LeanOp`]); `None` where it
+    /// does not take it (nothing was done).
+    fn run_lean(
+        &self,
+        ops: &[RawP2p],
+        timeout: Option<Duration>,
+    ) -> Option<Result<Vec<Option<RecvStatus>>>> {
+        let [a, b] = ops else { return None };
+        let (si, ri) = match (a.send, b.send) {
+            (true, false) => (0, 1),
+            (false, true) => (1, 0),
+            _ => return None,
+        };
+        let (so, ro) = (&ops[si], &ops[ri]);
+        let (Some(sp), Some(rp)) = (so.peer, ro.peer) else {
+            return None;
+        };
+        if self.check_op(so).is_err() || self.check_op(ro).is_err() {
+            return None;
+        }
+        let timeout = timeout.unwrap_or(self.config().timeout);
+        let side = |o: &RawP2p, peer| crate::p2p::LeanOp {
+            peer,
+            ptr: o.ptr,
+            len: o.len,
+            tag: o.tag,
+            exact: o.exact,
+            timeout,
+        };
+        let got = match self.p2p.lean(&side(so, sp), &side(ro, rp), |done| {
+            self.post_of(ro, Some(timeout), done)
+                .expect("checked above")
+        })? {
+            crate::p2p::Lean::Done(r) => r,
+            crate::p2p::Lean::Posted(done) => self
+                .p2p
+                .wait_all(std::slice::from_ref(&*done))
+                .and_then(|()| {
+                    done.status()
+                        .ok_or_else(|| Error::Internal("a receive done without its status".into()))
+                }),
+        };
+        Some(got.map(|status| {
+            let mut out = vec![None, None];
+            out[ri] = Some(status);
+            out
+        }))
     }
 
     /// A blocking call with this rank itself as its peer could never
@@ -207,6 +263,9 @@ impl Communicator {
         ops: &[RawP2p],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<RecvStatus>>> {
+        if let Some(r) = self.run_lean(ops, timeout) {
+            return r;
+        }
         let batch: Arc<[Completion]> = ops.iter().map(|_| Completion::default()).collect();
         let mut posts = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {

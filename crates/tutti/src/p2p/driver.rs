@@ -17,8 +17,9 @@
 //! whoever holds it; the holder takes queued posts in before anything
 //! else, so posts keep their order.
 
+use super::lean::{Lean, LeanOp, Look};
 use super::progress::State;
-use super::Post;
+use super::{Done, Post};
 use crate::engine::{Completion, Driver};
 use crate::error::Error;
 use crate::transport::shm::{self, Segment};
@@ -148,6 +149,54 @@ impl Shared {
             }
             None => self.wake(),
         }
+    }
+
+    /// See [`super::P2p::lean`].
+    pub fn lean(&self, s: &LeanOp, r: &LeanOp, post: impl FnOnce(Done) -> Post) -> Option<Lean> {
+        if self.queued.load(Ordering::Acquire) {
+            return None;
+        }
+        // The progress thread stands aside meanwhile, as for any driver.
+        self.drivers.fetch_add(1, Ordering::AcqRel);
+        let out = self.lean_locked(s, r, post);
+        self.drivers.fetch_sub(1, Ordering::AcqRel);
+        out
+    }
+
+    fn lean_locked(&self, s: &LeanOp, r: &LeanOp, post: impl FnOnce(Done) -> Post) -> Option<Lean> {
+        let mut st = self.try_state()?;
+        if self.queued.load(Ordering::Acquire)
+            || self.stopping.load(Ordering::Acquire)
+            || self.abort.load(Ordering::Relaxed)
+            || !st.lean_fits(s, r)
+        {
+            return None;
+        }
+        if let Err(e) = st.lean_send(s) {
+            st.break_peer(s.peer, e.clone());
+            return Some(Lean::Done(Err(e)));
+        }
+        let mut backoff = Backoff::new(self.spin).yield_after(self.yield_after);
+        let last = loop {
+            match st.lean_look(r) {
+                Look::Got(status) => return Some(Lean::Done(Ok(status))),
+                Look::Nothing => {}
+                other => break other,
+            }
+            // Another thread's posts wait for the state, an abort, or a
+            // wait longer than a spin: the usual way (which sleeps, and
+            // watches the deadline and the peer).
+            if self.queued.load(Ordering::Acquire)
+                || self.abort.load(Ordering::Relaxed)
+                || !backoff.keep_polling()
+            {
+                break Look::Nothing;
+            }
+        };
+        let done = Arc::new(Completion::default());
+        st.lean_post(r, post(Done::One(done.clone())), last);
+        self.round(&mut st);
+        Some(Lean::Posted(done))
     }
 
     /// Wakes the progress thread, idle or asleep on the doorbell.

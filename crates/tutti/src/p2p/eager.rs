@@ -114,7 +114,7 @@ pub(super) struct Credit {
 
 impl Credit {
     /// Takes credit for a message of `len` bytes, if the pair has enough.
-    fn take(&mut self, len: usize) -> bool {
+    pub fn take(&mut self, len: usize) -> bool {
         if self.used + len > CREDIT_BYTES {
             return false;
         }
@@ -132,6 +132,11 @@ impl Credit {
             }
             _ => false,
         }
+    }
+
+    /// Whether the pair has credit for `len` bytes.
+    pub fn has(&self, len: usize) -> bool {
+        self.used + len <= CREDIT_BYTES
     }
 
     /// Whether eager bytes sent to the peer are not yet given back.

@@ -17,6 +17,11 @@
 //! message. A receive too small for its message fails (a rendezvous send
 //! too, an eager one has completed already), and the link stays usable.
 //!
+//! A blocking exchange of one small send and one receive over shared
+//! memory, while nothing else is under way on the channel, skips posts
+//! and ops altogether: the calling thread writes and reads the rings
+//! itself ([`lean`]).
+//!
 //! Whoever waits moves things ([`driver`]): a thread in `wait` polls the
 //! links itself while it would otherwise sleep, so a small message costs
 //! no wake-up of another thread; the progress thread moves what nobody
@@ -29,12 +34,14 @@
 mod driver;
 mod eager;
 mod failure;
+mod lean;
 mod peer;
 mod progress;
 mod wire;
 
 pub use crate::engine::RecvStatus;
 pub use eager::EAGER_BYTES;
+pub(crate) use lean::{Lean, LeanOp};
 
 use crate::engine::{Completion, Driver};
 use crate::error::Error;
@@ -110,6 +117,8 @@ pub(crate) struct P2p {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The thread is running (read without the lock at every post).
     started: AtomicBool,
+    /// Per rank: its link is a shared-memory ring (the lean lane's).
+    rings: Vec<bool>,
 }
 
 impl P2p {
@@ -125,11 +134,16 @@ impl P2p {
         bell: Option<(Arc<Segment>, usize)>,
         abort: Arc<AtomicBool>,
     ) -> P2p {
+        let rings = links
+            .iter()
+            .map(|l| matches!(l, Some(Link::Ring(_))))
+            .collect();
         let st = State::new(links, pids, rank, direct_bytes);
         P2p {
             shared: Arc::new(Shared::new(st, waits, bell, abort)),
             thread: Mutex::new(None),
             started: AtomicBool::new(false),
+            rings,
         }
     }
 
@@ -153,6 +167,30 @@ impl P2p {
             return;
         }
         self.shared.post(posts);
+    }
+
+    /// A blocking exchange of send `s` and receive `r` by the lean lane
+    /// ([`lean`]): `None` if it does not take them (nothing was done);
+    /// else the send has completed (or failed: the error), and the
+    /// receive has too, or went the usual way as `post(done)` makes it.
+    pub(crate) fn lean(
+        &self,
+        s: &LeanOp,
+        r: &LeanOp,
+        post: impl FnOnce(Done) -> Post,
+    ) -> Option<Lean> {
+        // What it can never take costs nothing more than these looks.
+        // Before the first post the progress thread is not there to stand
+        // aside: the usual way starts it.
+        let ring = |q: usize| self.rings.get(q).copied().unwrap_or(false);
+        if !(1..=lean::LEAN_BYTES).contains(&s.len)
+            || !ring(s.peer)
+            || !ring(r.peer)
+            || !self.started.load(Ordering::Acquire)
+        {
+            return None;
+        }
+        self.shared.lean(s, r, post)
     }
 
     /// Waits for every completion of `batch` (whose posts went in with

@@ -198,7 +198,7 @@ impl State {
         false
     }
 
-    fn pump_out(&mut self, q: usize) -> Result<bool> {
+    pub(super) fn pump_out(&mut self, q: usize) -> Result<bool> {
         let mut moved = false;
         loop {
             let p = &mut self.peers[q];
@@ -265,41 +265,41 @@ impl State {
             moved = true;
             match p.inbound.take().expect("set above") {
                 Inbound::Ctrl(m) => {
-                    let head: &[u8; CTRL_BYTES] =
-                        p.ctrl_in[..CTRL_BYTES].try_into().expect("long enough");
-                    let c = Ctrl::decode(head, self.rank, q)?;
-                    // An eager payload inside: the message is longer than
-                    // a frame.
-                    let inline = m
-                        .len
-                        .checked_sub(CTRL_BYTES)
-                        .ok_or_else(|| Error::Mismatch {
-                            rank: self.rank,
-                            peer: q,
-                            seq: 0,
-                            msg: format!(
-                            "a point-to-point control frame of {} bytes (at least {CTRL_BYTES})",
-                            m.len
-                        ),
-                        })?;
-                    if inline == 0 {
-                        let data = c.kind == Kind::Data;
-                        self.on_ctrl(q, c)?;
-                        if data && self.reads_whole(q) {
-                            // What this round queued out (the payload of
-                            // our own send that the peer just cleared, say)
-                            // leaves before the read: read now, and the
-                            // peer would wait for it the whole read long,
-                            // where both can read at once.
-                            return Ok(true);
-                        }
-                    } else {
-                        self.inline_in(q, c, inline)?;
+                    if self.frame_in(q, m.len)? {
+                        return Ok(true);
                     }
                 }
                 Inbound::Payload(_, into, data) => self.payload_in(q, into, data),
             }
         }
+    }
+
+    /// A message of `len` bytes from `q` has arrived whole in `ctrl_in`:
+    /// a control frame, and perhaps an inline eager payload behind it.
+    /// Returns whether the caller should stop reading for this round.
+    pub(super) fn frame_in(&mut self, q: usize, len: usize) -> Result<bool> {
+        let head: &[u8; CTRL_BYTES] = self.peers[q].ctrl_in[..CTRL_BYTES]
+            .try_into()
+            .expect("long enough");
+        let c = Ctrl::decode(head, self.rank, q)?;
+        // An eager payload inside: the message is longer than a frame.
+        let inline = len.checked_sub(CTRL_BYTES).ok_or_else(|| Error::Mismatch {
+            rank: self.rank,
+            peer: q,
+            seq: 0,
+            msg: format!("a point-to-point control frame of {len} bytes (at least {CTRL_BYTES})"),
+        })?;
+        if inline > 0 {
+            self.inline_in(q, c, inline)?;
+            return Ok(false);
+        }
+        let data = c.kind == Kind::Data;
+        self.on_ctrl(q, c)?;
+        // What this round queued out (the payload of our own send that the
+        // peer just cleared, say) leaves before the read: read now, and the
+        // peer would wait for it the whole read long, where both can read
+        // at once.
+        Ok(data && self.reads_whole(q))
     }
 
     /// Whether the payload about to come from `q` is read whole in one

@@ -104,6 +104,21 @@ impl RingLink {
         self.peer
     }
 
+    /// Whether a message of `len` bytes (not read direct) fits in the
+    /// ring's free space now, header and padding included: then a send of
+    /// it completes in one call. Reads the receiver's tail only when the
+    /// last one seen leaves too little room.
+    pub(crate) fn has_room(&mut self, len: usize) -> bool {
+        let cap = self.seg.layout.cap as u64;
+        let need = (HEADER_BYTES + len.div_ceil(16) * 16) as u64;
+        if cap.saturating_sub(self.head_mine - self.tail_seen) >= need {
+            return true;
+        }
+        let ctl = self.seg.ctl(self.chan, self.me, self.peer);
+        self.tail_seen = ctl.tail.load(Ordering::Acquire);
+        cap.saturating_sub(self.head_mine - self.tail_seen) >= need
+    }
+
     /// True if a message from the peer has arrived that this side has not
     /// started on (what [`peek_header`](Self::peek_header) would return).
     #[inline]

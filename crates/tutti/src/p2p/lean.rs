@@ -1,0 +1,193 @@
+//! The lean lane: a blocking exchange of one small send and one receive
+//! over shared memory (a pipeline stage passing activations on, `tutti
+//! perf send_recv`), moved by the calling thread alone.
+//!
+//! The usual way posts both ops, keeps them in a map, matches the
+//! message against the posted receives and completes each op through
+//! its completion: about 190 ns a call of the library's own work (a rank
+//! exchanging 8 B with itself), more than `MPI_Sendrecv`'s whole exchange
+//! here. When nothing else is under way on the channel, the lean lane
+//! writes the send's eager message into the ring itself and reads the
+//! receive's straight into the caller's buffer: the same bytes on the
+//! same rings, matched the same way, with no post, op or completion. Two
+//! ranks exchanging 8 B: 0.17-0.21 us a call against 0.31-0.45.
+//!
+//! It takes an exchange only where the usual way would do exactly the
+//! same ([`State::lean_fits`]): no op of the channel in flight, no
+//! message from the receive's source waiting for a receive, room in the
+//! send's ring, a message small enough to travel inside its frame
+//! ([`INLINE_BYTES`]) with credit for it. Anything else that arrives
+//! first (a rendezvous offer, a message with another tag, credit given
+//! back), another thread's post, an abort, or a wait longer than a
+//! spin, and the receive becomes an op like any other, with whatever
+//! frame came in taken in the usual way ([`State::lean_post`]).
+
+use super::eager::INLINE_BYTES;
+use super::peer::Inbound;
+use super::progress::State;
+use super::wire::{Ctrl, Kind, CTRL_BYTES};
+use super::{Post, RecvStatus};
+use crate::error::{Error, Result};
+use crate::transport::{Link, LinkOps, RecvMsg, SendMsg};
+use std::time::Duration;
+
+/// The longest message the lean lane sends: one that travels inside its
+/// frame over the rings.
+pub(crate) const LEAN_BYTES: usize = INLINE_BYTES;
+
+/// One side of a lean exchange: the peer (a send's destination, a
+/// receive's source), the buffer, the tag.
+pub(crate) struct LeanOp {
+    pub peer: usize,
+    pub ptr: *mut u8,
+    pub len: usize,
+    pub tag: u32,
+    /// Receives: the message must fill the buffer.
+    pub exact: bool,
+    /// The op's deadline.
+    pub timeout: Duration,
+}
+
+/// What one look for the receive's message found.
+pub(super) enum Look {
+    /// Nothing yet.
+    Nothing,
+    /// The message, in the receive's buffer.
+    Got(RecvStatus),
+    /// A message of this many bytes that is not it (kept in `ctrl_in`).
+    Other(usize),
+    /// The link failed.
+    Broken(Error),
+}
+
+impl State {
+    /// Whether the lean lane may take send `s` and receive `r` (only the
+    /// send ring's view of the free space changes).
+    pub(super) fn lean_fits(&mut self, s: &LeanOp, r: &LeanOp) -> bool {
+        if !self.ops.is_empty() || !self.posted.is_empty() {
+            return false;
+        }
+        if s.peer == self.rank || r.peer == self.rank || s.len == 0 || s.len > LEAN_BYTES {
+            return false;
+        }
+        let pr = &self.peers[r.peer];
+        let quiet_in = matches!(pr.link, Some(Link::Ring(_)))
+            && pr.broken.is_none()
+            && pr.offers.is_empty()
+            && match &pr.inbound {
+                None => true,
+                Some(Inbound::Ctrl(m)) => !m.header_seen && m.got == 0,
+                Some(Inbound::Payload(..)) => false,
+            };
+        let ps = &mut self.peers[s.peer];
+        quiet_in
+            && ps.broken.is_none()
+            && !ps.sending()
+            && ps.credit.has(s.len)
+            && match &mut ps.link {
+                Some(Link::Ring(ring)) => ring.has_room(CTRL_BYTES + s.len),
+                _ => false,
+            }
+    }
+
+    /// Sends `s` eager, its frame and payload in one message (the ring
+    /// has room for it: [`State::lean_fits`]). It is complete once this
+    /// returns `Ok`.
+    pub(super) fn lean_send(&mut self, s: &LeanOp) -> Result<()> {
+        self.longest = self.longest.max(s.timeout);
+        let p = &mut self.peers[s.peer];
+        let id = p.next_id;
+        p.next_id += 1;
+        let took = p.credit.take(s.len);
+        debug_assert!(took, "checked by lean_fits");
+        let mut c = Ctrl::new(Kind::Eager, id);
+        c.tag = s.tag;
+        c.len = s.len as u64;
+        p.out_buf.clear();
+        p.out_buf.extend_from_slice(&c.encode());
+        // SAFETY: the send's buffer is valid for reads of its length until
+        // the blocking call returns (its caller's promise).
+        let payload = unsafe { std::slice::from_raw_parts(s.ptr, s.len) };
+        p.out_buf.extend_from_slice(payload);
+        let mut m = SendMsg::new(p.out_buf.as_ptr(), p.out_buf.len(), p.out_buf.len());
+        let link = p.link.as_mut().expect("a ring: checked by lean_fits");
+        // The ring has room for all of it: one call writes it.
+        while !m.done {
+            link.send(&mut m, &mut self.cx)?;
+        }
+        Ok(())
+    }
+
+    /// One look for receive `r`'s message on its ring: an eager message
+    /// with its tag inside its frame, that fits, goes straight into the
+    /// receive's buffer (its credit goes back as the usual way's would).
+    pub(super) fn lean_look(&mut self, r: &LeanOp) -> Look {
+        let q = r.peer;
+        let p = &mut self.peers[q];
+        let link = p.link.as_mut().expect("a ring: checked by lean_fits");
+        let inbound = p.inbound.get_or_insert_with(|| {
+            let mut m = RecvMsg::new(p.ctrl_in.as_mut_ptr(), None, p.ctrl_in.len());
+            m.var_len = true;
+            Inbound::Ctrl(m)
+        });
+        let Inbound::Ctrl(m) = inbound else {
+            unreachable!("lean_fits saw no payload coming in");
+        };
+        if let Err(e) = link.recv(m, &mut self.cx) {
+            return Look::Broken(e);
+        }
+        if !m.done {
+            return Look::Nothing;
+        }
+        let len = m.len;
+        p.inbound = None;
+        let Some(inline) = len.checked_sub(CTRL_BYTES).filter(|&n| n > 0) else {
+            return Look::Other(len);
+        };
+        let head: &[u8; CTRL_BYTES] = p.ctrl_in[..CTRL_BYTES].try_into().expect("long enough");
+        let Ok(c) = Ctrl::decode(head, self.rank, q) else {
+            return Look::Other(len);
+        };
+        let fits = inline <= r.len && (!r.exact || inline == r.len);
+        if c.kind != Kind::Eager || c.len != inline as u64 || c.tag != r.tag || !fits {
+            return Look::Other(len);
+        }
+        // SAFETY: the receive's buffer is valid for writes of its length
+        // until the blocking call returns (its caller's promise), and the
+        // payload fits it (checked); `ctrl_in` is this side's own buffer.
+        unsafe { std::ptr::copy_nonoverlapping(p.ctrl_in[CTRL_BYTES..].as_ptr(), r.ptr, inline) };
+        self.eager_taken(q, inline);
+        // An Ack that it queued leaves now.
+        if let Err(e) = self.pump_out(q) {
+            self.break_peer(q, e);
+        }
+        Look::Got(RecvStatus {
+            source: q,
+            tag: c.tag,
+            bytes: inline,
+        })
+    }
+
+    /// The lean lane gives up on receive `r`: it is posted as `post`, and
+    /// what the last look found is taken in the usual way.
+    pub(super) fn lean_post(&mut self, r: &LeanOp, post: Post, last: Look) {
+        self.accept(vec![post]);
+        let q = r.peer;
+        let failed = match last {
+            Look::Other(len) => self.frame_in(q, len).err(),
+            Look::Broken(e) => Some(e),
+            Look::Nothing | Look::Got(_) => None,
+        };
+        if let Some(e) = failed {
+            self.break_peer(q, e);
+        }
+    }
+}
+
+/// How a lean exchange ended (its send has completed, or failed).
+pub(crate) enum Lean {
+    /// The receive too: what it got, or the first error.
+    Done(Result<RecvStatus>),
+    /// The receive went the usual way, and completes through this.
+    Posted(std::sync::Arc<crate::engine::Completion>),
+}
