@@ -827,7 +827,20 @@ fn exchanges(c: &Communicator, _: &Ctx) {
         seed = common::data::mix64(seed.wrapping_add(0x9e37_79b9_7f4a_7c15));
         seed
     };
-    const LENS: [usize; 9] = [0, 1, 8, 100, 1000, 1024, 1025, 4096, EAGER_BYTES + 1];
+    const LENS: [usize; 12] = [
+        0,
+        1,
+        8,
+        100,
+        1000,
+        1024,
+        1025,
+        4096,
+        40_000,
+        EAGER_BYTES - 8,
+        EAGER_BYTES,
+        EAGER_BYTES + 1,
+    ];
     for k in 0..300usize {
         let shift = 1 + (next() % (n as u64 - 1)) as usize;
         let tag = (next() % 2) as u32;
@@ -885,25 +898,24 @@ fn exchanges(c: &Communicator, _: &Ctx) {
             check_from(&b, k);
         }
     }
-    // An exact receive two bytes too long for its message: it fails alone
-    // (the eager send has completed), and both go on.
-    let out = message(r, 10);
-    let mut inp = [0u8; 12];
-    let res = c.batch_isend_irecv(vec![
-        P2pOp::send(&out, (r + 1) % n, 4),
-        P2pOp::recv(&mut inp, (r + n - 1) % n, 4),
-    ]);
-    assert!(
-        matches!(
-            res,
-            Err(Error::SizeMismatch {
-                message: 10,
-                buffer: 12,
-                ..
-            })
-        ),
-        "{res:?}"
-    );
+    // An exact receive two bytes too long for its message (inside its
+    // frame, and with a payload of its own): it fails alone (the eager
+    // send has completed), and both go on.
+    for len in [10, 5000] {
+        let out = message(r, len);
+        let mut inp = vec![0u8; len + 2];
+        let res = c.batch_isend_irecv(vec![
+            P2pOp::send(&out, (r + 1) % n, 4),
+            P2pOp::recv(&mut inp, (r + n - 1) % n, 4),
+        ]);
+        assert!(
+            matches!(
+                res,
+                Err(Error::SizeMismatch { message, buffer, .. }) if message == len && buffer == len + 2
+            ),
+            "{res:?}"
+        );
+    }
     let mut x = [1u32; 2];
     c.all_reduce(&mut x, ReduceOp::Sum)
         .expect("a collective after");

@@ -14,26 +14,29 @@
 //!
 //! It takes an exchange only where the usual way would do exactly the
 //! same ([`State::lean_fits`]): no op of the channel in flight, no
-//! message from the receive's source waiting for a receive, room in the
-//! send's ring, a message small enough to travel inside its frame
-//! ([`INLINE_BYTES`]) with credit for it. Anything else that arrives
-//! first (a rendezvous offer, a message with another tag, credit given
-//! back), another thread's post, an abort, or a wait longer than a
-//! spin, and the receive becomes an op like any other, with whatever
-//! frame came in taken in the usual way ([`State::lean_post`]).
+//! message from the receive's source waiting for a receive, an eager
+//! message (at most [`LEAN_BYTES`]) with credit for it and room for it in
+//! the send's ring. It travels as the usual way's would: inside its
+//! frame up to [`INLINE_BYTES`], else as a frame and then the payload,
+//! which the receiving side reads straight into the receive's buffer.
+//! Anything else that arrives first (a rendezvous offer, a message with
+//! another tag, credit given back), another thread's post, an abort, or
+//! a wait longer than a spin, and the receive becomes an op like any
+//! other, with whatever came in taken in the usual way
+//! ([`State::lean_post`]).
 
-use super::eager::INLINE_BYTES;
-use super::peer::Inbound;
+use super::eager::{EAGER_BYTES, INLINE_BYTES};
+use super::peer::{Dest, Inbound};
 use super::progress::State;
 use super::wire::{Ctrl, Kind, CTRL_BYTES};
 use super::{Post, RecvStatus};
 use crate::error::{Error, Result};
+use crate::transport::shm::RingLink;
 use crate::transport::{Link, LinkOps, RecvMsg, SendMsg};
 use std::time::Duration;
 
-/// The longest message the lean lane sends: one that travels inside its
-/// frame over the rings.
-pub(crate) const LEAN_BYTES: usize = INLINE_BYTES;
+/// The longest message the lean lane sends: any eager one.
+pub(crate) const LEAN_BYTES: usize = EAGER_BYTES;
 
 /// One side of a lean exchange: the peer (a send's destination, a
 /// receive's source), the buffer, the tag.
@@ -85,14 +88,18 @@ impl State {
             && !ps.sending()
             && ps.credit.has(s.len)
             && match &mut ps.link {
-                Some(Link::Ring(ring)) => ring.has_room(CTRL_BYTES + s.len),
+                Some(Link::Ring(ring)) => ring.has_room(if s.len <= INLINE_BYTES {
+                    RingLink::footprint(CTRL_BYTES + s.len)
+                } else {
+                    RingLink::footprint(CTRL_BYTES) + RingLink::footprint(s.len)
+                }),
                 _ => false,
             }
     }
 
-    /// Sends `s` eager, its frame and payload in one message (the ring
-    /// has room for it: [`State::lean_fits`]). It is complete once this
-    /// returns `Ok`.
+    /// Sends `s` eager: its frame and payload in one message, or a
+    /// larger one as a frame and then the payload (the ring has room for
+    /// them: [`State::lean_fits`]). It is complete once this returns `Ok`.
     pub(super) fn lean_send(&mut self, s: &LeanOp) -> Result<()> {
         self.longest = self.longest.max(s.timeout);
         let p = &mut self.peers[s.peer];
@@ -103,6 +110,19 @@ impl State {
         let mut c = Ctrl::new(Kind::Eager, id);
         c.tag = s.tag;
         c.len = s.len as u64;
+        let link = p.link.as_mut().expect("a ring: checked by lean_fits");
+        if s.len > INLINE_BYTES {
+            let frame = c.encode();
+            let mut m = SendMsg::new(frame.as_ptr(), CTRL_BYTES, CTRL_BYTES);
+            while !m.done {
+                link.send(&mut m, &mut self.cx)?;
+            }
+            let mut m = SendMsg::new(s.ptr, s.len, s.len);
+            while !m.done {
+                link.send(&mut m, &mut self.cx)?;
+            }
+            return Ok(());
+        }
         p.out_buf.clear();
         p.out_buf.extend_from_slice(&c.encode());
         // SAFETY: the send's buffer is valid for reads of its length until
@@ -119,60 +139,100 @@ impl State {
     }
 
     /// One look for receive `r`'s message on its ring: an eager message
-    /// with its tag inside its frame, that fits, goes straight into the
-    /// receive's buffer (its credit goes back as the usual way's would).
+    /// with its tag that fits goes straight into the receive's buffer,
+    /// from inside its frame or, a larger one, read there as its payload
+    /// comes (its credit goes back as the usual way's would).
     pub(super) fn lean_look(&mut self, r: &LeanOp) -> Look {
         let q = r.peer;
-        let p = &mut self.peers[q];
-        let link = p.link.as_mut().expect("a ring: checked by lean_fits");
-        let inbound = p.inbound.get_or_insert_with(|| {
-            let mut m = RecvMsg::new(p.ctrl_in.as_mut_ptr(), None, p.ctrl_in.len());
-            m.var_len = true;
-            Inbound::Ctrl(m)
-        });
-        let Inbound::Ctrl(m) = inbound else {
-            unreachable!("lean_fits saw no payload coming in");
-        };
-        if let Err(e) = link.recv(m, &mut self.cx) {
-            return Look::Broken(e);
+        loop {
+            let p = &mut self.peers[q];
+            let link = p.link.as_mut().expect("a ring: checked by lean_fits");
+            let inbound = p.inbound.get_or_insert_with(|| {
+                let mut m = RecvMsg::new(p.ctrl_in.as_mut_ptr(), None, p.ctrl_in.len());
+                m.var_len = true;
+                Inbound::Ctrl(m)
+            });
+            let (Inbound::Ctrl(m) | Inbound::Payload(m, ..)) = inbound;
+            if let Err(e) = link.recv(m, &mut self.cx) {
+                return Look::Broken(e);
+            }
+            if !m.done {
+                return Look::Nothing;
+            }
+            let m = match p.inbound.take().expect("set above") {
+                Inbound::Ctrl(m) => m,
+                Inbound::Payload(_, Dest::Lean { tag, len }, _) => {
+                    return self.lean_got(q, tag, len)
+                }
+                Inbound::Payload(..) => unreachable!("lean_fits saw no other payload coming in"),
+            };
+            let len = m.len;
+            let Some(inline) = len.checked_sub(CTRL_BYTES) else {
+                return Look::Other(len);
+            };
+            let head: &[u8; CTRL_BYTES] = p.ctrl_in[..CTRL_BYTES].try_into().expect("long enough");
+            let Ok(c) = Ctrl::decode(head, self.rank, q) else {
+                return Look::Other(len);
+            };
+            // The message's length: the frame's, checked against what came
+            // inside it (none: the payload follows).
+            let msg = c.len as usize;
+            let fits = msg <= r.len && (!r.exact || msg == r.len);
+            let ok = c.kind == Kind::Eager
+                && c.tag == r.tag
+                && fits
+                && (1..=EAGER_BYTES).contains(&msg)
+                && (inline == 0 || inline == msg);
+            if !ok {
+                return Look::Other(len);
+            }
+            if inline == 0 {
+                // The payload follows, straight into the receive's buffer.
+                let m = RecvMsg::new(r.ptr, None, msg);
+                let into = Dest::Lean {
+                    tag: c.tag,
+                    len: msg,
+                };
+                p.inbound = Some(Inbound::Payload(m, into, Vec::new()));
+                continue;
+            }
+            // SAFETY: the receive's buffer is valid for writes of its length
+            // until the blocking call returns (its caller's promise), and the
+            // payload fits it (checked); `ctrl_in` is this side's own buffer.
+            unsafe { std::ptr::copy_nonoverlapping(p.ctrl_in[CTRL_BYTES..].as_ptr(), r.ptr, msg) };
+            return self.lean_got(q, c.tag, msg);
         }
-        if !m.done {
-            return Look::Nothing;
-        }
-        let len = m.len;
-        p.inbound = None;
-        let Some(inline) = len.checked_sub(CTRL_BYTES).filter(|&n| n > 0) else {
-            return Look::Other(len);
-        };
-        let head: &[u8; CTRL_BYTES] = p.ctrl_in[..CTRL_BYTES].try_into().expect("long enough");
-        let Ok(c) = Ctrl::decode(head, self.rank, q) else {
-            return Look::Other(len);
-        };
-        let fits = inline <= r.len && (!r.exact || inline == r.len);
-        if c.kind != Kind::Eager || c.len != inline as u64 || c.tag != r.tag || !fits {
-            return Look::Other(len);
-        }
-        // SAFETY: the receive's buffer is valid for writes of its length
-        // until the blocking call returns (its caller's promise), and the
-        // payload fits it (checked); `ctrl_in` is this side's own buffer.
-        unsafe { std::ptr::copy_nonoverlapping(p.ctrl_in[CTRL_BYTES..].as_ptr(), r.ptr, inline) };
-        self.eager_taken(q, inline);
+    }
+
+    /// The lean receive took an eager message of `len` bytes with `tag`
+    /// from `q`: its credit goes back as the usual way's would.
+    fn lean_got(&mut self, q: usize, tag: u32, len: usize) -> Look {
+        self.eager_taken(q, len);
         // An Ack that it queued leaves now.
         if let Err(e) = self.pump_out(q) {
             self.break_peer(q, e);
         }
         Look::Got(RecvStatus {
             source: q,
-            tag: c.tag,
-            bytes: inline,
+            tag,
+            bytes: len,
         })
     }
 
-    /// The lean lane gives up on receive `r`: it is posted as `post`, and
-    /// what the last look found is taken in the usual way.
+    /// The lean lane gives up on receive `r`: it is posted as `post` (with
+    /// its message, if that has begun to come in), and what the last look
+    /// found is taken in the usual way.
     pub(super) fn lean_post(&mut self, r: &LeanOp, post: Post, last: Look) {
-        self.accept(vec![post]);
         let q = r.peer;
+        if let Some(Inbound::Payload(_, Dest::Lean { len, .. }, _)) = &self.peers[q].inbound {
+            let len = *len;
+            let op = self.accept_matched(post, q, len);
+            if let Some(Inbound::Payload(_, into, _)) = &mut self.peers[q].inbound {
+                *into = Dest::EagerRecv(op, len);
+            }
+        } else {
+            self.accept(vec![post]);
+        }
         let failed = match last {
             Look::Other(len) => self.frame_in(q, len).err(),
             Look::Broken(e) => Some(e),

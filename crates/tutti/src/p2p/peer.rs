@@ -51,6 +51,11 @@ pub(super) enum Dest {
     Stash(u64, u32),
     /// Nowhere: its receive gave up (into the buffer kept beside it).
     Drop,
+    /// An eager message with `tag` of `len` bytes straight into the
+    /// receive of a lean exchange ([`super::lean`]), which has no op: the
+    /// lean lane reads it whole, or gives it an op (`EagerRecv`) before it
+    /// lets go of the state, so nothing else ever sees it.
+    Lean { tag: u32, len: usize },
 }
 
 /// What the incoming side of a link is reading.
@@ -345,6 +350,7 @@ impl State {
             }
             Dest::Stash(id, tag) => self.eager_arrived(q, id, tag, data),
             Dest::Drop => {}
+            Dest::Lean { .. } => unreachable!("the lean lane reads its payload itself"),
         }
     }
 

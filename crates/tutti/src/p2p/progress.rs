@@ -182,6 +182,27 @@ impl State {
         }
     }
 
+    /// Takes in receive `post`, matched already to an eager message of
+    /// `len` bytes from `q` whose payload is coming in (a lean exchange
+    /// that gives way: [`super::lean`]); returns its op.
+    pub(super) fn accept_matched(&mut self, post: Post, q: usize, len: usize) -> u64 {
+        let id = self.next_op;
+        self.next_op += 1;
+        self.longest = self.longest.max(post.timeout);
+        self.ops.insert(
+            id,
+            Op {
+                post,
+                deadline: None,
+                id: 0,
+                peer: Some(q),
+                matched: len,
+                moving: true,
+            },
+        );
+        id
+    }
+
     fn post_send(&mut self, op: u64, peer: usize) {
         if let Some(e) = &self.peers[peer].broken {
             let e = e.clone();

@@ -104,13 +104,19 @@ impl RingLink {
         self.peer
     }
 
-    /// Whether a message of `len` bytes (not read direct) fits in the
-    /// ring's free space now, header and padding included: then a send of
-    /// it completes in one call. Reads the receiver's tail only when the
-    /// last one seen leaves too little room.
-    pub(crate) fn has_room(&mut self, len: usize) -> bool {
+    /// The ring bytes a message of `len` bytes (not read direct) takes:
+    /// its header, and its payload padded to 16.
+    pub(crate) fn footprint(len: usize) -> usize {
+        HEADER_BYTES + len.div_ceil(16) * 16
+    }
+
+    /// Whether messages of `bytes` ring bytes in all ([`footprint`](Self::footprint))
+    /// fit in the ring's free space now: then sends of them complete in
+    /// one call each. Reads the receiver's tail only when the last one
+    /// seen leaves too little room.
+    pub(crate) fn has_room(&mut self, bytes: usize) -> bool {
         let cap = self.seg.layout.cap as u64;
-        let need = (HEADER_BYTES + len.div_ceil(16) * 16) as u64;
+        let need = bytes as u64;
         if cap.saturating_sub(self.head_mine - self.tail_seen) >= need {
             return true;
         }
