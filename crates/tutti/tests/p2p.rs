@@ -817,8 +817,9 @@ rank_test!(
 /// around them what makes the lean lane give way to the usual path: a
 /// message of another tag arriving first, a peer that is late (the
 /// receiver's spin runs out), a send still pending, receives of at most
-/// the buffer (`recv_from`), and a receive too long for its message.
-/// Every message is checked; the communicator stays usable.
+/// the buffer (`recv_from`), and a receive too long for its message;
+/// then a ping-pong of lone blocking sends and receives. Every message is
+/// checked; the communicator stays usable.
 fn exchanges(c: &Communicator, _: &Ctx) {
     let (n, r) = (c.size(), c.rank());
     // The same plan on every rank.
@@ -896,6 +897,36 @@ fn exchanges(c: &Communicator, _: &Ctx) {
             let mut b = [0u8; 5];
             c.recv_tagged(&mut b, src, 7).expect("the other tag");
             check_from(&b, k);
+        }
+    }
+    // Ping-pong of lone blocking sends and receives between the first and
+    // the last rank (the lean lane takes a lone op too), with a message of
+    // another tag ahead of some pings.
+    let last = n - 1;
+    for k in 0..200usize {
+        let len = LENS[(next() % LENS.len() as u64) as usize];
+        let tag = (next() % 3) as u32;
+        let other = next() % 5 == 0;
+        if r == 0 {
+            if other {
+                c.send_tagged(&message(k, 3), last, 9).expect("other tag");
+            }
+            c.send_tagged(&message(2 * k, len), last, tag)
+                .expect("ping");
+            let mut b = vec![0u8; len];
+            c.recv_tagged(&mut b, last, tag).expect("pong");
+            check_from(&b, 2 * k + 1);
+        } else if r == last {
+            let mut b = vec![0u8; len];
+            c.recv_tagged(&mut b, 0, tag).expect("ping");
+            check_from(&b, 2 * k);
+            if other {
+                let mut o = [0u8; 3];
+                c.recv_tagged(&mut o, 0, 9).expect("other tag");
+                check_from(&o, k);
+            }
+            c.send_tagged(&message(2 * k + 1, len), 0, tag)
+                .expect("pong");
         }
     }
     // An exact receive two bytes too long for its message (inside its

@@ -174,7 +174,7 @@ impl Communicator {
         Ok(())
     }
 
-    /// A blocking exchange of one send and one receive, each with its
+    /// A blocking call of at most one send and one receive, each with its
     /// peer, by the lean lane ([`crate::p2p::LeanOp`]); `None` where it
     /// does not take it (nothing was done).
     fn run_lean(
@@ -182,44 +182,50 @@ impl Communicator {
         ops: &[RawP2p],
         timeout: Option<Duration>,
     ) -> Option<Result<Vec<Option<RecvStatus>>>> {
-        let [a, b] = ops else { return None };
-        let (si, ri) = match (a.send, b.send) {
-            (true, false) => (0, 1),
-            (false, true) => (1, 0),
-            _ => return None,
-        };
-        let (so, ro) = (&ops[si], &ops[ri]);
-        let (Some(sp), Some(rp)) = (so.peer, ro.peer) else {
-            return None;
-        };
-        if self.check_op(so).is_err() || self.check_op(ro).is_err() {
+        let (mut si, mut ri) = (None, None);
+        for (i, o) in ops.iter().enumerate() {
+            let slot = if o.send { &mut si } else { &mut ri };
+            if slot.replace(i).is_some() || o.peer.is_none() || self.check_op(o).is_err() {
+                return None;
+            }
+        }
+        if ops.is_empty() {
             return None;
         }
         let timeout = timeout.unwrap_or(self.config().timeout);
-        let side = |o: &RawP2p, peer| crate::p2p::LeanOp {
-            peer,
-            ptr: o.ptr,
-            len: o.len,
-            tag: o.tag,
-            exact: o.exact,
-            timeout,
+        let side = |i: usize| {
+            let o = &ops[i];
+            crate::p2p::LeanOp {
+                peer: o.peer.expect("checked above"),
+                ptr: o.ptr,
+                len: o.len,
+                tag: o.tag,
+                exact: o.exact,
+                timeout,
+            }
         };
-        let got = match self.p2p.lean(&side(so, sp), &side(ro, rp), |done| {
+        let (s, r) = (si.map(side), ri.map(side));
+        let post = |done| {
+            let ro = &ops[ri.expect("a receive goes the usual way")];
             self.post_of(ro, Some(timeout), done)
                 .expect("checked above")
-        })? {
+        };
+        let got = match self.p2p.lean(s.as_ref(), r.as_ref(), post)? {
             crate::p2p::Lean::Done(r) => r,
             crate::p2p::Lean::Posted(done) => self
                 .p2p
                 .wait_all(std::slice::from_ref(&*done))
                 .and_then(|()| {
                     done.status()
+                        .map(Some)
                         .ok_or_else(|| Error::Internal("a receive done without its status".into()))
                 }),
         };
         Some(got.map(|status| {
-            let mut out = vec![None, None];
-            out[ri] = Some(status);
+            let mut out = vec![None; ops.len()];
+            if let Some(i) = ri {
+                out[i] = status;
+            }
             out
         }))
     }

@@ -152,7 +152,12 @@ impl Shared {
     }
 
     /// See [`super::P2p::lean`].
-    pub fn lean(&self, s: &LeanOp, r: &LeanOp, post: impl FnOnce(Done) -> Post) -> Option<Lean> {
+    pub fn lean(
+        &self,
+        s: Option<&LeanOp>,
+        r: Option<&LeanOp>,
+        post: impl FnOnce(Done) -> Post,
+    ) -> Option<Lean> {
         if self.queued.load(Ordering::Acquire) {
             return None;
         }
@@ -163,7 +168,12 @@ impl Shared {
         out
     }
 
-    fn lean_locked(&self, s: &LeanOp, r: &LeanOp, post: impl FnOnce(Done) -> Post) -> Option<Lean> {
+    fn lean_locked(
+        &self,
+        s: Option<&LeanOp>,
+        r: Option<&LeanOp>,
+        post: impl FnOnce(Done) -> Post,
+    ) -> Option<Lean> {
         let mut st = self.try_state()?;
         if self.queued.load(Ordering::Acquire)
             || self.stopping.load(Ordering::Acquire)
@@ -172,14 +182,19 @@ impl Shared {
         {
             return None;
         }
-        if let Err(e) = st.lean_send(s) {
-            st.break_peer(s.peer, e.clone());
-            return Some(Lean::Done(Err(e)));
+        if let Some(s) = s {
+            if let Err(e) = st.lean_send(s) {
+                st.break_peer(s.peer, e.clone());
+                return Some(Lean::Done(Err(e)));
+            }
         }
+        let Some(r) = r else {
+            return Some(Lean::Done(Ok(None)));
+        };
         let mut backoff = Backoff::new(self.spin).yield_after(self.yield_after);
         let last = loop {
             match st.lean_look(r) {
-                Look::Got(status) => return Some(Lean::Done(Ok(status))),
+                Look::Got(status) => return Some(Lean::Done(Ok(Some(status)))),
                 Look::Nothing => {}
                 other => break other,
             }

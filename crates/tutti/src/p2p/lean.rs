@@ -1,6 +1,7 @@
-//! The lean lane: a blocking exchange of one small send and one receive
-//! over shared memory (a pipeline stage passing activations on, `tutti
-//! perf send_recv`), moved by the calling thread alone.
+//! The lean lane: a blocking call of one eager send and one receive, or
+//! of either alone, over shared memory (a pipeline stage passing
+//! activations on, a ping-pong, `tutti perf send_recv`), moved by the
+//! calling thread alone.
 //!
 //! The usual way posts both ops, keeps them in a map, matches the
 //! message against the posted receives and completes each op through
@@ -64,27 +65,35 @@ pub(super) enum Look {
 }
 
 impl State {
-    /// Whether the lean lane may take send `s` and receive `r` (only the
-    /// send ring's view of the free space changes).
-    pub(super) fn lean_fits(&mut self, s: &LeanOp, r: &LeanOp) -> bool {
+    /// Whether the lean lane may take send `s` and receive `r` (either
+    /// may be missing; only the send ring's view of its free space
+    /// changes).
+    pub(super) fn lean_fits(&mut self, s: Option<&LeanOp>, r: Option<&LeanOp>) -> bool {
         if !self.ops.is_empty() || !self.posted.is_empty() {
             return false;
         }
-        if s.peer == self.rank || r.peer == self.rank || s.len == 0 || s.len > LEAN_BYTES {
-            return false;
-        }
+        r.is_none_or(|r| self.lean_fits_recv(r)) && s.is_none_or(|s| self.lean_fits_send(s))
+    }
+
+    fn lean_fits_recv(&self, r: &LeanOp) -> bool {
         let pr = &self.peers[r.peer];
-        let quiet_in = matches!(pr.link, Some(Link::Ring(_)))
+        r.peer != self.rank
+            && matches!(pr.link, Some(Link::Ring(_)))
             && pr.broken.is_none()
             && pr.offers.is_empty()
             && match &pr.inbound {
                 None => true,
                 Some(Inbound::Ctrl(m)) => !m.header_seen && m.got == 0,
                 Some(Inbound::Payload(..)) => false,
-            };
+            }
+    }
+
+    fn lean_fits_send(&mut self, s: &LeanOp) -> bool {
+        if s.peer == self.rank || s.len == 0 || s.len > LEAN_BYTES {
+            return false;
+        }
         let ps = &mut self.peers[s.peer];
-        quiet_in
-            && ps.broken.is_none()
+        ps.broken.is_none()
             && !ps.sending()
             && ps.credit.has(s.len)
             && match &mut ps.link {
@@ -244,10 +253,11 @@ impl State {
     }
 }
 
-/// How a lean exchange ended (its send has completed, or failed).
+/// How a lean exchange ended (its send, if any, has completed, or
+/// failed).
 pub(crate) enum Lean {
-    /// The receive too: what it got, or the first error.
-    Done(Result<RecvStatus>),
+    /// The receive too, if any: what it got, or the first error.
+    Done(Result<Option<RecvStatus>>),
     /// The receive went the usual way, and completes through this.
     Posted(std::sync::Arc<crate::engine::Completion>),
 }

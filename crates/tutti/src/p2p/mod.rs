@@ -17,10 +17,10 @@
 //! message. A receive too small for its message fails (a rendezvous send
 //! too, an eager one has completed already), and the link stays usable.
 //!
-//! A blocking exchange of one small send and one receive over shared
-//! memory, while nothing else is under way on the channel, skips posts
-//! and ops altogether: the calling thread writes and reads the rings
-//! itself ([`lean`]).
+//! A blocking call of one eager send and one receive (or either alone)
+//! over shared memory, while nothing else is under way on the channel,
+//! skips posts and ops altogether: the calling thread writes and reads
+//! the rings itself ([`lean`]).
 //!
 //! Whoever waits moves things ([`driver`]): a thread in `wait` polls the
 //! links itself while it would otherwise sleep, so a small message costs
@@ -169,25 +169,23 @@ impl P2p {
         self.shared.post(posts);
     }
 
-    /// A blocking exchange of send `s` and receive `r` by the lean lane
-    /// ([`lean`]): `None` if it does not take them (nothing was done);
-    /// else the send has completed (or failed: the error), and the
-    /// receive has too, or went the usual way as `post(done)` makes it.
+    /// A blocking exchange of send `s` and receive `r` (at least one of
+    /// them) by the lean lane ([`lean`]): `None` if it does not take them
+    /// (nothing was done); else the send has completed (or failed: the
+    /// error), and the receive has too, or went the usual way as
+    /// `post(done)` makes it.
     pub(crate) fn lean(
         &self,
-        s: &LeanOp,
-        r: &LeanOp,
+        s: Option<&LeanOp>,
+        r: Option<&LeanOp>,
         post: impl FnOnce(Done) -> Post,
     ) -> Option<Lean> {
         // What it can never take costs nothing more than these looks.
         // Before the first post the progress thread is not there to stand
         // aside: the usual way starts it.
         let ring = |q: usize| self.rings.get(q).copied().unwrap_or(false);
-        if !(1..=lean::LEAN_BYTES).contains(&s.len)
-            || !ring(s.peer)
-            || !ring(r.peer)
-            || !self.started.load(Ordering::Acquire)
-        {
+        let send_ok = s.is_none_or(|s| (1..=lean::LEAN_BYTES).contains(&s.len) && ring(s.peer));
+        if !send_ok || !r.is_none_or(|r| ring(r.peer)) || !self.started.load(Ordering::Acquire) {
             return None;
         }
         self.shared.lean(s, r, post)
