@@ -15,6 +15,14 @@ use tutti::{Communicator, Error, P2pOp, ReduceOp, EAGER_BYTES};
 /// 64 MiB: far more than a ring or a socket buffer holds.
 const BIG: usize = 64 << 20;
 
+/// The numbers a plan draws from, the same on every rank for one `seed`.
+fn plan_rng(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed = common::data::mix64(seed.wrapping_add(0x9e37_79b9_7f4a_7c15));
+        seed
+    }
+}
+
 /// A byte of rank `r`'s message at index `i` (distinct per rank and index).
 fn byte(r: usize, i: usize) -> u8 {
     (i as u64)
@@ -542,11 +550,7 @@ rank_test!(both_send_first_tcp_3, Transport::Tcp, 3, both_send_first);
 /// against the plan.
 fn random_plan(c: &Communicator, _: &Ctx) {
     let (n, r) = (c.size(), c.rank());
-    let mut seed = 0x7e57_u64;
-    let mut next = move || {
-        seed = common::data::mix64(seed.wrapping_add(0x9e37_79b9_7f4a_7c15));
-        seed
-    };
+    let mut next = plan_rng(0x7e57_u64);
     const LENS: [usize; 8] = [
         0,
         3,
@@ -823,11 +827,7 @@ rank_test!(
 fn exchanges(c: &Communicator, _: &Ctx) {
     let (n, r) = (c.size(), c.rank());
     // The same plan on every rank.
-    let mut seed = 0x1ea4_u64;
-    let mut next = move || {
-        seed = common::data::mix64(seed.wrapping_add(0x9e37_79b9_7f4a_7c15));
-        seed
-    };
+    let mut next = plan_rng(0x1ea4_u64);
     const LENS: [usize; 12] = [
         0,
         1,
@@ -906,7 +906,7 @@ fn exchanges(c: &Communicator, _: &Ctx) {
     for k in 0..200usize {
         let len = LENS[(next() % LENS.len() as u64) as usize];
         let tag = (next() % 3) as u32;
-        let other = next() % 5 == 0;
+        let other = next().is_multiple_of(5);
         if r == 0 {
             if other {
                 c.send_tagged(&message(k, 3), last, 9).expect("other tag");

@@ -155,18 +155,10 @@ impl State {
         let q = r.peer;
         loop {
             let p = &mut self.peers[q];
-            let link = p.link.as_mut().expect("a ring: checked by lean_fits");
-            let inbound = p.inbound.get_or_insert_with(|| {
-                let mut m = RecvMsg::new(p.ctrl_in.as_mut_ptr(), None, p.ctrl_in.len());
-                m.var_len = true;
-                Inbound::Ctrl(m)
-            });
-            let (Inbound::Ctrl(m) | Inbound::Payload(m, ..)) = inbound;
-            if let Err(e) = link.recv(m, &mut self.cx) {
-                return Look::Broken(e);
-            }
-            if !m.done {
-                return Look::Nothing;
+            match p.take_in(&mut self.cx) {
+                Err(e) => return Look::Broken(e),
+                Ok((_, false)) => return Look::Nothing,
+                Ok((_, true)) => {}
             }
             let m = match p.inbound.take().expect("set above") {
                 Inbound::Ctrl(m) => m,

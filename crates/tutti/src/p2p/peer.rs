@@ -8,7 +8,7 @@ use super::progress::State;
 use super::wire::{Ctrl, Kind, CTRL_BYTES};
 use super::PostKind;
 use crate::error::{Error, Result};
-use crate::transport::{Link, LinkOps, RecvMsg, SendMsg};
+use crate::transport::{Link, LinkOps, RecvMsg, SendMsg, StepCx};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 
@@ -147,6 +147,22 @@ impl Peer {
         !matches!(self.link, Some(Link::Ring(_))) && !self.busy() && !self.credit.outstanding()
     }
 
+    /// Reads on what is coming in from this peer: the payload under way,
+    /// or else the next frame (and perhaps an inline eager payload behind
+    /// it). Returns whether anything moved, and whether it is all in.
+    pub fn take_in(&mut self, cx: &mut StepCx) -> Result<(bool, bool)> {
+        let link = self.link.as_mut().expect("a link: checked by the caller");
+        let ctrl_in = &mut self.ctrl_in;
+        let inbound = self.inbound.get_or_insert_with(|| {
+            let mut m = RecvMsg::new(ctrl_in.as_mut_ptr(), None, ctrl_in.len());
+            m.var_len = true;
+            Inbound::Ctrl(m)
+        });
+        let (Inbound::Ctrl(m) | Inbound::Payload(m, ..)) = inbound;
+        let moved = link.recv(m, cx)?;
+        Ok((moved, m.done))
+    }
+
     /// Whether frames wait to go out to this peer.
     pub fn sending(&self) -> bool {
         self.cur.is_some() || !self.outq.is_empty()
@@ -253,18 +269,9 @@ impl State {
         let mut moved = false;
         loop {
             let p = &mut self.peers[q];
-            let link = p.link.as_mut().expect("checked by the caller");
-            let inbound = p.inbound.get_or_insert_with(|| {
-                // A frame, and perhaps an inline eager payload behind it.
-                let mut m = RecvMsg::new(p.ctrl_in.as_mut_ptr(), None, p.ctrl_in.len());
-                m.var_len = true;
-                Inbound::Ctrl(m)
-            });
-            let m = match inbound {
-                Inbound::Ctrl(m) | Inbound::Payload(m, ..) => m,
-            };
-            moved |= link.recv(m, &mut self.cx)?;
-            if !m.done {
+            let (m, done) = p.take_in(&mut self.cx)?;
+            moved |= m;
+            if !done {
                 return Ok(moved);
             }
             moved = true;

@@ -157,24 +157,12 @@ impl State {
     /// Takes new posts in.
     pub fn accept(&mut self, posts: Vec<Post>) {
         for post in posts {
-            let id = self.next_op;
-            self.next_op += 1;
-            self.longest = self.longest.max(post.timeout);
             let kind = post.kind;
-            self.ops.insert(
-                id,
-                Op {
-                    post,
-                    deadline: None,
-                    id: 0,
-                    peer: match kind {
-                        PostKind::Send { peer } => Some(peer),
-                        PostKind::Recv { .. } => None,
-                    },
-                    matched: 0,
-                    moving: false,
-                },
-            );
+            let peer = match kind {
+                PostKind::Send { peer } => Some(peer),
+                PostKind::Recv { .. } => None,
+            };
+            let id = self.new_op(post, peer, 0);
             match kind {
                 PostKind::Send { peer } => self.post_send(id, peer),
                 PostKind::Recv { src, .. } => self.post_recv(id, src),
@@ -186,20 +174,26 @@ impl State {
     /// `len` bytes from `q` whose payload is coming in (a lean exchange
     /// that gives way: [`super::lean`]); returns its op.
     pub(super) fn accept_matched(&mut self, post: Post, q: usize, len: usize) -> u64 {
+        let id = self.new_op(post, Some(q), len);
+        self.ops.get_mut(&id).expect("just made").moving = true;
+        id
+    }
+
+    /// Records `post` as a new op (its peer, and the bytes it matched, if
+    /// known yet); returns its number.
+    fn new_op(&mut self, post: Post, peer: Option<usize>, matched: usize) -> u64 {
         let id = self.next_op;
         self.next_op += 1;
         self.longest = self.longest.max(post.timeout);
-        self.ops.insert(
-            id,
-            Op {
-                post,
-                deadline: None,
-                id: 0,
-                peer: Some(q),
-                matched: len,
-                moving: true,
-            },
-        );
+        let op = Op {
+            post,
+            deadline: None,
+            id: 0,
+            peer,
+            matched,
+            moving: false,
+        };
+        self.ops.insert(id, op);
         id
     }
 
