@@ -459,26 +459,11 @@ impl PyComm {
         };
         let t = duration(timeout, "timeout")?.or_else(|| self.default_timeout());
         if !async_op {
-            let out = py.detach(move || {
-                // SAFETY: the caller guarantees the buffers for the duration
-                // of this call, which waits for every op.
-                let posted = unsafe { c.post_p2p_raw(&raw, t) };
-                let mut first = None;
-                let mut out = Vec::with_capacity(posted.len());
-                for (w, h) in posted {
-                    match w.wait() {
-                        Ok(()) => out.push(h.status()),
-                        Err(e) => {
-                            first.get_or_insert(e);
-                            out.push(None);
-                        }
-                    }
-                }
-                match first {
-                    Some(e) => Err(e),
-                    None => Ok(out),
-                }
-            });
+            // The blocking call (`run_p2p_raw`): one send and one receive,
+            // or either alone, may take the point-to-point lean lane.
+            // SAFETY: the caller guarantees the buffers for the duration of
+            // this call, which waits for every op.
+            let out = py.detach(move || unsafe { c.run_p2p_raw(&raw, t) });
             let out = out.py(py)?;
             let items = out
                 .into_iter()
