@@ -397,10 +397,11 @@ pub(crate) fn connect(
     let listener = match my_rank {
         Some(_) => {
             let ip = listen_ip(cfg, default_ip)?;
-            Some(
-                TcpListener::bind((ip, 0))
-                    .map_err(|e| boot(format!("cannot listen for peers on {ip}: {e}")))?,
-            )
+            let l = TcpListener::bind((ip, 0))
+                .map_err(|e| boot(format!("cannot listen for peers on {ip}: {e}")))?;
+            // Before any peer connects: accepted sockets take it.
+            tcp::connect::set_congestion(cfg, socket2::SockRef::from(&l))?;
+            Some(l)
         }
         None => None,
     };

@@ -112,8 +112,10 @@ fn buffer_caps() -> (usize, usize) {
 /// Connects this rank (`rank`) to its TCP peers `tcp` (ranks, ascending):
 /// dials the lower ones at `addrs` (this rank decides the pair's sockets
 /// and frame size), accepts the higher ones on `listener`, each pair with
-/// its lanes and its point-to-point socket, then sets their congestion
-/// control. `boot` makes a set-up error of a message.
+/// its lanes and its point-to-point socket. Each socket has the congestion
+/// control `cfg` asks for from its first packet ([`set_congestion`]): a
+/// dialled one sets it before it connects, an accepted one has the
+/// listener's. `boot` makes a set-up error of a message.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn connect_peers(
     cfg: &Config,
@@ -138,8 +140,12 @@ pub(crate) fn connect_peers(
                 framing,
                 p2p: lane == framing.lanes,
             };
-            let s = dial(addrs[q], token, &hello, deadline)
-                .map_err(|e| boot(format!("cannot connect to rank {q} at {}: {e}", addrs[q])))?;
+            let s = dial(cfg, addrs[q], token, &hello, deadline).map_err(|e| match e {
+                DialError::Io(e) => {
+                    boot(format!("cannot connect to rank {q} at {}: {e}", addrs[q]))
+                }
+                DialError::Setup(e) => e,
+            })?;
             socks.push(s);
         }
         let p2p = socks.pop().expect("the P2P socket was dialled last");
@@ -150,7 +156,7 @@ pub(crate) fn connect_peers(
     if let Some(l) = listener {
         accept_peers(l, token, &expect, links, p2p_links, deadline).map_err(boot)?;
     }
-    set_congestion(cfg, links)
+    Ok(())
 }
 
 /// Moves the TCP links of `links` to a new I/O thread where they get one
@@ -188,47 +194,35 @@ pub(crate) fn start_io_thread(
     Ok(Some(set))
 }
 
-/// Puts every TCP socket on the congestion control `cfg` asks for
+/// Puts socket `sock` on the congestion control `cfg` asks for
 /// ([`TcpCongestion`]): `Auto` tries cubic and keeps the system's default
-/// if the kernel refuses; a named one that the kernel refuses fails set-up.
-fn set_congestion(cfg: &Config, links: &[Option<Link>]) -> Result<()> {
+/// if the kernel refuses; a named one that the kernel refuses is an error.
+///
+/// It must be set before the socket connects (or, on a listener, before
+/// it accepts: an accepted socket takes its listener's). A socket that
+/// starts on BBR (the default of some systems) and moves to cubic once
+/// connected is not on cubic as one that started there is (likely
+/// because BBR turned the socket's pacing on, and nothing turns it off):
+/// over loopback, 4 ranks' Send/Recv of 1-4 MiB took 1.5-1.8x as long,
+/// and 256-512 KiB longer still than on BBR alone.
+pub(crate) fn set_congestion(cfg: &Config, sock: socket2::SockRef<'_>) -> Result<()> {
     let (name, required) = match &cfg.tcp_congestion {
         TcpCongestion::Auto => ("cubic", false),
         TcpCongestion::System => return Ok(()),
         TcpCongestion::Named(n) => (n.as_str(), true),
     };
-    for (q, l) in links.iter().enumerate() {
-        if let Some(Link::Tcp(t)) = l {
-            match link_congestion(t, name) {
-                Ok(()) => {}
-                Err(e) if !required => {
-                    tracing::debug!(
-                        "TCP sockets keep the system's congestion control: {name}: {e}"
-                    );
-                    return Ok(());
-                }
-                Err(e) => {
-                    return Err(Error::Config(format!(
-                        "TUTTI_TCP_CONGESTION={name}: the kernel refused it on the link to \
-                         rank {q} ({e}); see /proc/sys/net/ipv4/tcp_available_congestion_control \
-                         (and tcp_allowed_congestion_control for unprivileged processes), or \
-                         use auto or system"
-                    )))
-                }
-            }
+    match sock.set_tcp_congestion(name.as_bytes()) {
+        Ok(()) => Ok(()),
+        Err(e) if !required => {
+            tracing::debug!("TCP sockets keep the system's congestion control: {name}: {e}");
+            Ok(())
         }
+        Err(e) => Err(Error::Config(format!(
+            "TUTTI_TCP_CONGESTION={name}: the kernel refused it ({e}); see \
+             /proc/sys/net/ipv4/tcp_available_congestion_control (and \
+             tcp_allowed_congestion_control for unprivileged processes), or use auto or system"
+        ))),
     }
-    Ok(())
-}
-
-/// Sets every socket of `link` to congestion control `name`
-/// (`TCP_CONGESTION`); the kernel's error if it refuses (an unknown name,
-/// or one an unprivileged process may not pick).
-fn link_congestion(link: &TcpLink, name: &str) -> std::io::Result<()> {
-    for lane in &link.lanes().lanes {
-        socket2::SockRef::from(&lane.sock).set_tcp_congestion(name.as_bytes())?;
-    }
-    Ok(())
 }
 
 /// Whether a communicator's TCP links get a dedicated I/O thread:
@@ -310,31 +304,47 @@ impl Hello {
     }
 }
 
+/// Why dialling a peer failed.
+enum DialError {
+    /// The connection (after retries until the deadline).
+    Io(std::io::Error),
+    /// The socket's set-up ([`set_congestion`]).
+    Setup(Error),
+}
+
 fn dial(
+    cfg: &Config,
     addr: SocketAddr,
     token: [u8; 16],
     hello: &Hello,
     deadline: Instant,
-) -> std::io::Result<TcpStream> {
+) -> std::result::Result<TcpStream, DialError> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match TcpStream::connect_timeout(
-            &addr,
-            left.max(Duration::from_millis(10))
-                .min(Duration::from_secs(2)),
-        ) {
-            Ok(mut s) => {
+        let sock = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )
+        .map_err(DialError::Io)?;
+        set_congestion(cfg, socket2::SockRef::from(&sock)).map_err(DialError::Setup)?;
+        let wait = left
+            .max(Duration::from_millis(10))
+            .min(Duration::from_secs(2));
+        match sock.connect_timeout(&addr.into(), wait) {
+            Ok(()) => {
+                let mut s: TcpStream = sock.into();
                 let mut msg = [0u8; 24];
                 msg[..16].copy_from_slice(&token);
                 msg[16..].copy_from_slice(&hello.encode());
-                s.write_all(&msg)?;
+                s.write_all(&msg).map_err(DialError::Io)?;
                 return Ok(s);
             }
             Err(e) if Instant::now() < deadline => {
                 tracing::debug!("dial {addr}: {e}; retrying");
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(DialError::Io(e)),
         }
     }
 }
@@ -478,4 +488,57 @@ fn accept_peers(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ends of a pair have the congestion control asked for: the
+    /// dialled end set it before connecting, the accepted end took its
+    /// listener's.
+    #[test]
+    fn both_ends_start_on_the_congestion_control_asked_for() {
+        let name = |s: socket2::SockRef<'_>| {
+            let mut n = s.tcp_congestion().expect("TCP_CONGESTION");
+            n.retain(|&b| b != 0);
+            n
+        };
+        // reno is always built in and allowed; the system's default is
+        // another here (and if it is reno, the test still checks both ends).
+        let cfg = Config {
+            tcp_congestion: TcpCongestion::Named("reno".into()),
+            ..Config::default()
+        };
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        set_congestion(&cfg, socket2::SockRef::from(&l)).expect("reno on the listener");
+        let hello = Hello {
+            rank: 1,
+            lane: 0,
+            framing: Framing {
+                lanes: 1,
+                chunk: super::super::DEFAULT_CHUNK,
+            },
+            p2p: true,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let addr = l.local_addr().expect("addr");
+        let Ok(dialled) = dial(&cfg, addr, [7; 16], &hello, deadline) else {
+            panic!("dial failed");
+        };
+        let (accepted, _) = l.accept().expect("accept");
+        assert_eq!(name(socket2::SockRef::from(&dialled)), b"reno");
+        assert_eq!(name(socket2::SockRef::from(&accepted)), b"reno");
+
+        let bad = Config {
+            tcp_congestion: TcpCongestion::Named("no_such_cc".into()),
+            ..Config::default()
+        };
+        let e = set_congestion(&bad, socket2::SockRef::from(&l)).expect_err("refused");
+        assert!(e.to_string().contains("no_such_cc"), "{e}");
+        assert!(matches!(
+            dial(&bad, addr, [7; 16], &hello, deadline),
+            Err(DialError::Setup(Error::Config(_)))
+        ));
+    }
 }
