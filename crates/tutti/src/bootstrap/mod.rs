@@ -270,6 +270,9 @@ pub(crate) fn rendezvous(
             "rank {rank} is not below the number of ranks {nranks}"
         )));
     }
+    // A congestion control the kernel refuses fails every rank alike,
+    // before any of them has reached the store.
+    tcp::connect::check_congestion(cfg)?;
     let deadline = crate::config::deadline_after(Instant::now(), cfg.connect_timeout);
     let boot = |msg: String| Error::Bootstrap { rank, msg };
     if let Some(prefix) = agent_store {

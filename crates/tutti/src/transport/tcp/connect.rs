@@ -194,6 +194,20 @@ pub(crate) fn start_io_thread(
     Ok(Some(set))
 }
 
+/// Whether the kernel takes the congestion control `cfg` names, asked of a
+/// socket of this process's own before any other rank is contacted: a
+/// refused name is then the same [`Error::Config`] on every rank, where a
+/// rank failing later (at its listener) would leave the others a
+/// bootstrap error about a master that went away.
+pub(crate) fn check_congestion(cfg: &Config) -> Result<()> {
+    if !matches!(cfg.tcp_congestion, TcpCongestion::Named(_)) {
+        return Ok(());
+    }
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+        .map_err(|e| Error::io("a socket to check TUTTI_TCP_CONGESTION", e))?;
+    set_congestion(cfg, socket2::SockRef::from(&s))
+}
+
 /// Puts socket `sock` on the congestion control `cfg` asks for
 /// ([`TcpCongestion`]): `Auto` tries cubic and keeps the system's default
 /// if the kernel refuses; a named one that the kernel refuses is an error.
