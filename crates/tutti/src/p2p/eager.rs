@@ -115,7 +115,7 @@ pub(super) struct Credit {
 impl Credit {
     /// Takes credit for a message of `len` bytes, if the pair has enough.
     pub fn take(&mut self, len: usize) -> bool {
-        if self.used + len > CREDIT_BYTES {
+        if !self.has(len) {
             return false;
         }
         self.used += len;
