@@ -182,15 +182,15 @@ impl Communicator {
         ops: &[RawP2p],
         timeout: Option<Duration>,
     ) -> Option<Result<Vec<Option<RecvStatus>>>> {
+        if ops.is_empty() {
+            return None;
+        }
         let (mut si, mut ri) = (None, None);
         for (i, o) in ops.iter().enumerate() {
             let slot = if o.send { &mut si } else { &mut ri };
             if slot.replace(i).is_some() || o.peer.is_none() || self.check_op(o).is_err() {
                 return None;
             }
-        }
-        if ops.is_empty() {
-            return None;
         }
         let timeout = timeout.unwrap_or(self.config().timeout);
         let side = |i: usize| {
